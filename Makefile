@@ -1,0 +1,44 @@
+# ironserve: `make demo` runs the main job against the local lab, `make test` runs every test.
+CACHE ?= $(HOME)/.cache/ironserve
+VENV ?= $(CACHE)/venv
+export PATH := $(VENV)/bin:$(PATH)
+export IRONSERVE_CACHE := $(CACHE)
+
+.PHONY: setup demo test lint unit lab-test service-test lab-down coverage bench
+
+setup:
+	@bash scripts/setup.sh
+
+# Bring up a lab host, deploy to it, run the acceptance gate, print the result, take the lab down
+# (KEEP_LAB=1 keeps it running for `ironserve lab ssh lab-c1`).
+demo: setup
+	@bash scripts/demo.sh
+
+lint: setup
+	ruff check ironserve roles tests deploy.py inventory benchmarks
+	ruff format --check ironserve roles tests deploy.py inventory benchmarks
+	mypy ironserve roles deploy.py
+	cd service && ruff check src tests scripts && ruff format --check src tests scripts && mypy
+
+unit: setup
+	python -m pytest -q tests/unit
+
+lab-test: setup
+	python -m pytest -q tests/lab
+
+service-test: setup
+	cd service && python -m pytest -q
+
+test: lint
+	python -m pytest -q tests/unit tests/lab
+	cd service && python -m pytest -q
+	ironserve coverage
+
+coverage: setup
+	ironserve coverage --missing
+
+lab-down: setup
+	ironserve lab down
+
+bench: setup
+	python benchmarks/converge.py

@@ -1,0 +1,17 @@
+"""Example inventory for a site of Dell R740 servers (copy to inventory/<site>.py and edit).
+
+Run: `ironserve deploy inventory/<site>.py` (validates first, then runs pyinfra), or directly
+`pyinfra inventory/<site>.py deploy.py`. Keys are documented in each role's README.
+"""
+
+gpu_servers = (
+    [
+        ("r740-01.example.internal", {"ssh_user": "root"}),
+        ("r740-02.example.internal", {"ssh_user": "root"}),
+    ],
+    {
+        "ironserve_profile": "r740-a10",
+        "host_tuning_reboot_policy": "auto",
+        "host_tuning_ntp_servers": ["ntp1.example.internal", "ntp2.example.internal"],
+    },
+)

@@ -1,0 +1,133 @@
+"""The `ironserve` command: lab, deploy, verify, coverage, lock."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ironserve import coverage, verify
+from ironserve.config import available_profiles, load_profile, lock_messages
+from ironserve.inventory import load_inventory, validate_inventory
+from ironserve.lab import manager
+from ironserve.lab import state as lab_state
+from ironserve.lab.hardware import DEFAULT_PROFILE, available
+from ironserve.lock import check_lock
+from ironserve.paths import REPO_ROOT
+
+
+def _validated(inventory: str) -> tuple[list, dict]:  # type: ignore[type-arg]
+    hosts = load_inventory(inventory)
+    configs, problems = validate_inventory(hosts)
+    if problems:
+        print("invalid inventory, no host was contacted:", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    return hosts, configs
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    if args.lab_command == "up":
+        started = manager.up(args.hosts, args.vm, args.profile)
+        for host in started:
+            print(f"{host.name}\t{host.kind}\t{host.ssh_address}:{host.ssh_port}\t{host.hardware_profile}")
+    elif args.lab_command == "status":
+        hosts = lab_state.load().hosts
+        if not hosts:
+            print("lab: no hosts running")
+        for host in hosts:
+            print(f"{host.name}\t{host.kind}\t{host.ssh_address}:{host.ssh_port}\t{host.hardware_profile}")
+    elif args.lab_command == "ssh":
+        return manager.ssh(args.host, args.command)
+    elif args.lab_command == "down":
+        manager.down()
+        print("lab: all hosts stopped, machine restored")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    _validated(args.inventory)
+    return subprocess.call(
+        ["pyinfra", "-y", args.inventory, str(REPO_ROOT / "deploy.py"), *args.pyinfra_args], cwd=REPO_ROOT
+    )
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    hosts, configs = _validated(args.inventory)
+    return verify.run(hosts, configs, Path(args.reports), args.pytest_args)
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    entries = coverage.catalog()
+    tagged = coverage.tagged_tests()
+    status = coverage.classify(entries, tagged)
+    print(coverage.report(entries, status, args.missing))
+    unknown = coverage.unknown_ids(entries, tagged)
+    if unknown:
+        print(f"\nids not in the catalog (typos?): {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    violations = check_lock(profile.lock)
+    print(json.dumps(profile.lock.model_dump(), indent=2))
+    for line in lock_messages(args.profile, violations):
+        print(line, file=sys.stderr)
+    return 1 if violations else 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="ironserve", description=__doc__)
+    sub = top.add_subparsers(dest="command", required=True)
+
+    lab = sub.add_parser("lab", help="the local lab of disposable Debian 12 hosts")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
+    up = lab_sub.add_parser("up", help="start lab hosts (kept running until `lab down`)")
+    up.add_argument("--hosts", type=int, default=1, help="how many hosts to start (default 1)")
+    up.add_argument("--vm", action="store_true", help="start qemu VMs (real kernel and GRUB) instead of containers")
+    up.add_argument("--profile", default=DEFAULT_PROFILE, choices=available(), help="simulated hardware profile")
+    lab_sub.add_parser("status", help="list running lab hosts")
+    ssh = lab_sub.add_parser("ssh", help="open SSH to a lab host")
+    ssh.add_argument("host")
+    ssh.add_argument("command", nargs=argparse.REMAINDER)
+    lab_sub.add_parser("down", help="stop every lab host and undo every change the lab made")
+    lab.set_defaults(func=cmd_lab)
+
+    deploy = sub.add_parser("deploy", help="validate the inventory, then run deploy.py with pyinfra")
+    deploy.add_argument("inventory")
+    deploy.add_argument("pyinfra_args", nargs=argparse.REMAINDER, help="passed to pyinfra, e.g. --limit lab-c1")
+    deploy.set_defaults(func=cmd_deploy)
+
+    check = sub.add_parser("verify", help="run the acceptance gate against an inventory's hosts")
+    check.add_argument("inventory")
+    check.add_argument("--reports", default=str(REPO_ROOT / "reports"), help="folder for per-host JSON reports")
+    check.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    check.set_defaults(func=cmd_verify)
+
+    cover = sub.add_parser("coverage", help="catalog ids asserted, waived or missing, per area")
+    cover.add_argument("--missing", action="store_true", help="list the ids not yet accounted for")
+    cover.set_defaults(func=cmd_coverage)
+
+    lock = sub.add_parser("lock", help="print a profile's pinned set and check its compatibility rules")
+    lock.add_argument("--profile", default="r740-a10", choices=available_profiles())
+    lock.set_defaults(func=cmd_lock)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"ironserve: {exc}", file=sys.stderr)
+        return 2
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

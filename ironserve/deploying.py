@@ -1,0 +1,21 @@
+"""Glue between pyinfra's inventory and the configuration model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api.exceptions import DeployError
+
+from ironserve.config import ConfigError, StackConfig, build_config
+
+
+def host_data(pyinfra_host: Any) -> dict[str, Any]:
+    """The host's inventory data (host, group and all-group data) as a plain dict."""
+    return dict(pyinfra_host.data.dict())
+
+
+def config_for(pyinfra_host: Any) -> StackConfig:
+    try:
+        return build_config(pyinfra_host.name, host_data(pyinfra_host))
+    except ConfigError as exc:
+        raise DeployError(f"invalid inventory, nothing was changed:\n{exc}") from None

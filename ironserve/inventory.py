@@ -1,0 +1,40 @@
+"""Load a pyinfra inventory without connecting, and validate every host's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyinfra_cli.inventory import make_inventory
+
+from ironserve.config import ConfigError, StackConfig, build_config
+from ironserve.paths import REPO_ROOT
+
+
+@dataclass(frozen=True)
+class InventoryHost:
+    name: str
+    groups: tuple[str, ...]
+    data: dict[str, Any]
+
+
+def load_inventory(path: str) -> list[InventoryHost]:
+    if not Path(path).exists():
+        raise FileNotFoundError(f"inventory file {path} does not exist")
+    inventory = make_inventory(path, cwd=str(REPO_ROOT))
+    return [InventoryHost(name=host.name, groups=tuple(host.groups), data=dict(host.data.dict())) for host in inventory]
+
+
+def validate_inventory(hosts: list[InventoryHost]) -> tuple[dict[str, StackConfig], list[str]]:
+    """Every host's StackConfig, and every problem found (all hosts are checked, none is touched)."""
+    configs: dict[str, StackConfig] = {}
+    problems: list[str] = []
+    for host in hosts:
+        try:
+            configs[host.name] = build_config(host.name, host.data)
+        except ConfigError as exc:
+            problems.extend(str(exc).splitlines())
+    if not hosts:
+        problems.append("the inventory lists no hosts")
+    return configs, problems

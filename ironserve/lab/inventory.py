@@ -1,0 +1,33 @@
+"""pyinfra inventory groups for the running lab."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ironserve.lab import state
+
+HostEntry = tuple[str, dict[str, Any]]
+
+
+def _entry(host: state.LabHost) -> HostEntry:
+    data: dict[str, Any] = {
+        "ssh_hostname": host.ssh_address,
+        "ssh_port": host.ssh_port,
+        "ssh_user": host.ssh_user,
+        "ssh_key": str(state.ssh_key_path()),
+        "ssh_known_hosts_file": str(state.known_hosts_path()),
+        "ssh_strict_host_key_checking": "yes",
+        "ssh_allow_agent": False,
+        "ssh_look_for_keys": False,
+        "ironserve_profile": "r740-a10",
+        # A container's kernel is the machine's: never reboot it. VMs prove the reboot for real.
+        "host_tuning_reboot_policy": "auto" if host.kind == "vm" else "defer",
+    }
+    return host.name, data
+
+
+def lab_groups() -> tuple[list[HostEntry], list[HostEntry]]:
+    hosts = state.load().hosts
+    containers = [_entry(h) for h in hosts if h.kind == "container"]
+    vms = [_entry(h) for h in hosts if h.kind == "vm"]
+    return containers, vms

@@ -1,0 +1,48 @@
+"""`ironserve lab up|status|ssh|down`: one place that starts and stops lab hosts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from ironserve.lab import container, remote, state, vm
+from ironserve.lab.hardware import load_profile
+from ironserve.lab.state import LabHost
+
+
+def ensure_ssh_key() -> None:
+    key = state.ssh_key_path()
+    if not key.exists():
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ironserve-lab", "-f", str(key)],
+            check=True,
+        )
+
+
+def up(hosts: int, use_vm: bool, hardware_profile: str) -> list[LabHost]:
+    """Start `hosts` more hosts of one kind; hosts already running are kept."""
+    load_profile(hardware_profile)  # fail on an unknown profile before starting anything
+    ensure_ssh_key()
+    current = state.load()
+    prefix = "lab-vm" if use_vm else "lab-c"
+    taken = {h.name for h in current.hosts}
+    names = [f"{prefix}{i}" for i in range(1, 100) if f"{prefix}{i}" not in taken][:hosts]
+    backend = vm if use_vm else container
+    started: list[LabHost] = backend.start(names, hardware_profile, current)
+    return started
+
+
+def down() -> None:
+    current = state.load()
+    for host in list(current.hosts):
+        (vm if host.kind == "vm" else container).stop(host, current)
+    container.teardown_shared(current)
+    vm.teardown_shared(current)
+    state.save(state.LabState())
+
+
+def ssh(name: str, command: list[str]) -> int:
+    """Replace this process with an interactive SSH session (or one command) on a lab host."""
+    ssh_argv = remote.ssh_argv(state.load().host(name))
+    argv = [ssh_argv[0], *([] if command else ["-t"]), *ssh_argv[1:], *command]
+    os.execvp(argv[0], argv)

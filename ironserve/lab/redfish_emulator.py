@@ -1,0 +1,416 @@
+"""A simulated iDRAC for one lab host: sushy-tools' static mockup server plus the BIOS settings it lacks.
+
+Lab edge only. The Redfish tree is generated from the host's hardware profile. sushy-tools serves GETs
+from the tree on disk; its PATCH/POST handlers only log, so this module adds the small part ironserve
+needs, keeping the state in the same files:
+
+- PATCH Bios/Settings stores pending attributes; an unknown attribute is refused with a Redfish error;
+- POST Managers/iDRAC.Embedded.1/Jobs schedules the BIOS configuration job (as older iDRAC 9 firmware needs);
+- POST ComputerSystem.Reset applies pending settings when a job is scheduled, except the profile's
+  `bios_stuck_pending` ones, which stay pending (the job then completes with errors).
+
+Every request needs HTTP Basic credentials (from a file). Requests are logged as method and path only,
+never headers: sushy-tools prints them, Authorization included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sushy_tools.static import main as sushy_static  # type: ignore[import-untyped]
+
+from ironserve.lab.hardware import HardwareProfile, load_profile
+
+SYSTEM = "Systems/System.Embedded.1"
+MANAGER = "Managers/iDRAC.Embedded.1"
+CHASSIS = "Chassis/System.Embedded.1"
+RESET_TYPES = ["On", "ForceOff", "ForceRestart", "GracefulRestart", "GracefulShutdown", "PushPowerButton", "Nmi"]
+# Attributes a real R740 BIOS has besides the profile's; enough that "unknown attribute" means something.
+EXTRA_ATTRIBUTES = {
+    "BootMode": "Uefi",
+    "LogicalProc": "Enabled",
+    "NodeInterleave": "Disabled",
+    "SysProfile": "PerfPerWattOptimizedDapc",
+    "ProcVirtualization": "Enabled",
+    "SriovGlobalEnable": "Disabled",
+    "MmioAbove4Gb": "Enabled",
+}
+
+
+def _odata(path: str) -> str:
+    return "/redfish/v1" + (f"/{path}" if path else "")
+
+
+def _write(root: Path, path: str, body: dict[str, Any]) -> None:
+    folder = root / path
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "index.json").write_text(json.dumps({"@odata.id": _odata(path), **body}, indent=2) + "\n")
+
+
+def _read(root: Path, path: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((root / path / "index.json").read_text())
+    return data
+
+
+def build_tree(profile: HardwareProfile, root: Path) -> None:
+    """Write the Redfish tree (index.json per resource) for `profile` under `root`."""
+    _write(
+        root,
+        "",
+        {
+            "@odata.type": "#ServiceRoot.v1_6_0.ServiceRoot",
+            "RedfishVersion": "1.11.0",
+            "Systems": {"@odata.id": _odata("Systems")},
+            "Chassis": {"@odata.id": _odata("Chassis")},
+            "Managers": {"@odata.id": _odata("Managers")},
+        },
+    )
+    _write(root, "Systems", {"Members": [{"@odata.id": _odata(SYSTEM)}], "Members@odata.count": 1})
+    devices = [f"{CHASSIS}/PCIeDevices/{gpu.pci_address.split(':')[1]}-0" for gpu in profile.gpus]
+    _write(
+        root,
+        SYSTEM,
+        {
+            "@odata.type": "#ComputerSystem.v1_12_0.ComputerSystem",
+            "Id": "System.Embedded.1",
+            "Manufacturer": profile.system.manufacturer,
+            "Model": profile.system.model,
+            "SerialNumber": profile.system.serial,
+            "BiosVersion": profile.system.bios_version,
+            "PowerState": "On",
+            "ProcessorSummary": {"Count": profile.cpu.sockets, "Model": profile.cpu.model},
+            "Bios": {"@odata.id": _odata(f"{SYSTEM}/Bios")},
+            "PCIeDevices": [{"@odata.id": _odata(d)} for d in devices],
+            "Actions": {
+                "#ComputerSystem.Reset": {
+                    "target": _odata(f"{SYSTEM}/Actions/ComputerSystem.Reset"),
+                    "ResetType@Redfish.AllowableValues": RESET_TYPES,
+                }
+            },
+        },
+    )
+    _write(
+        root,
+        f"{SYSTEM}/Bios",
+        {
+            "@odata.type": "#Bios.v1_1_0.Bios",
+            "Attributes": {**EXTRA_ATTRIBUTES, **profile.bios_attributes},
+            "@Redfish.Settings": {"SettingsObject": {"@odata.id": _odata(f"{SYSTEM}/Bios/Settings")}},
+        },
+    )
+    _write(root, f"{SYSTEM}/Bios/Settings", {"@odata.type": "#Bios.v1_1_0.Bios", "Attributes": {}})
+    _write(root, "Chassis", {"Members": [{"@odata.id": _odata(CHASSIS)}], "Members@odata.count": 1})
+    _write(root, CHASSIS, {"Id": "System.Embedded.1", "Power": {"@odata.id": _odata(f"{CHASSIS}/Power")}})
+    _write(
+        root,
+        f"{CHASSIS}/Power",
+        {
+            "PowerSupplies": [
+                {
+                    "MemberId": psu.name,
+                    "Name": psu.name,
+                    "PowerCapacityWatts": psu.capacity_w,
+                    "Status": {"State": "Enabled", "Health": "OK"},
+                }
+                for psu in profile.power_supplies
+            ]
+        },
+    )
+    for path, gpu in zip(devices, profile.gpus, strict=True):
+        _write(
+            root,
+            path,
+            {
+                "Id": path.rsplit("/", 1)[-1],
+                "Name": gpu.model,
+                "Manufacturer": "NVIDIA Corporation",
+                "Slot": {"Location": {"PartLocation": {"LocationOrdinalValue": gpu.slot, "LocationType": "Slot"}}},
+                "PCIeInterface": {
+                    "PCIeType": f"Gen{_gen(gpu.link_status.speed_gts)}",
+                    "LanesInUse": gpu.link_status.width,
+                    "MaxPCIeType": f"Gen{_gen(gpu.link_capability.speed_gts)}",
+                    "MaxLanes": gpu.link_capability.width,
+                },
+            },
+        )
+    _write(root, "Managers", {"Members": [{"@odata.id": _odata(MANAGER)}], "Members@odata.count": 1})
+    _write(root, MANAGER, {"Id": "iDRAC.Embedded.1", "Jobs": {"@odata.id": _odata(f"{MANAGER}/Jobs")}})
+    _write(root, f"{MANAGER}/Jobs", {"Members": [], "Members@odata.count": 0})
+    (root / ".stuck.json").write_text(json.dumps(profile.bios_stuck_pending))
+
+
+def _gen(speed: float) -> int:
+    return {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5}.get(float(speed), 0)
+
+
+def _error(message_id: str, message: str) -> dict[str, Any]:
+    return {
+        "error": {
+            "code": "Base.1.8.GeneralError",
+            "message": message,
+            "@Message.ExtendedInfo": [{"MessageId": message_id, "Message": message, "Severity": "Warning"}],
+        }
+    }
+
+
+class Handler(sushy_static.RequestHandler):  # type: ignore[misc]
+    """sushy-tools' static handler with authentication, quiet logs and stateful BIOS settings."""
+
+    root: Path
+    expected_auth: str
+    sync_command: str | None = None
+
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"redfish: {self.command} {self.path.split('?')[0]}\n")
+
+    def _log_request(self, method: str) -> None:
+        """sushy-tools prints every header (the password too): log nothing here, log_message says enough."""
+
+    def _authorised(self) -> bool:
+        if self.headers.get("Authorization") == self.expected_auth:
+            return True
+        self._reply(401, _error("Base.1.8.InsufficientPrivilege", "authentication required"))
+        return False
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length", 0))
+        try:
+            value = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def _reply(self, status: int, body: dict[str, Any] | None = None, location: str | None = None) -> None:
+        payload = json.dumps(body).encode() if body is not None else b""
+        self.send_response(status)
+        if location:
+            self.send_header("Location", location)
+        if body is not None:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _path(self) -> str:
+        return str(self.path).split("?")[0].rstrip("/").removeprefix("/redfish/v1").lstrip("/")
+
+    def do_GET(self) -> None:
+        # sushy-tools' own do_GET reads one process-wide tree; each server here has its own.
+        if not self._authorised():
+            return
+        path = self._path()
+        target = self.root / path / "index.json"
+        if path.startswith(".") or ".." in path.split("/") or not target.is_file():
+            self._reply(404, _error("Base.1.8.ResourceMissingAtURI", f"The resource at {self.path} does not exist"))
+            return
+        self._reply(200, json.loads(target.read_text()))
+
+    def do_PATCH(self) -> None:
+        if not self._authorised():
+            return
+        body = self._body()
+        if self._path() != f"{SYSTEM}/Bios/Settings":
+            self._reply(405, _error("Base.1.8.OperationNotAllowed", f"PATCH is not supported on {self.path}"))
+            return
+        known = _read(self.root, f"{SYSTEM}/Bios")["Attributes"]
+        wanted = body.get("Attributes") or {}
+        unknown = [k for k in wanted if k not in known]
+        if unknown:
+            self._reply(
+                400,
+                _error(
+                    "Base.1.8.PropertyUnknown",
+                    f"The property {unknown[0]} is not in the list of valid properties for the resource.",
+                ),
+            )
+            return
+        settings = _read(self.root, f"{SYSTEM}/Bios/Settings")
+        settings["Attributes"] = {**settings["Attributes"], **wanted}
+        _write(self.root, f"{SYSTEM}/Bios/Settings", settings)
+        self._reply(
+            200,
+            {"@Message.ExtendedInfo": [{"MessageId": "Base.1.8.Success", "Message": "Successfully Completed Request"}]},
+        )
+
+    def do_POST(self) -> None:
+        if not self._authorised():
+            return
+        body = self._body()
+        path = self._path()
+        if path == f"{MANAGER}/Jobs":
+            self._create_job(body)
+        elif path == f"{SYSTEM}/Actions/ComputerSystem.Reset":
+            if body.get("ResetType") not in RESET_TYPES:
+                self._reply(400, _error("Base.1.8.ActionParameterNotSupported", f"ResetType {body.get('ResetType')!r}"))
+                return
+            self._reset()
+            self._reply(204)
+        else:
+            self._reply(405, _error("Base.1.8.OperationNotAllowed", f"POST is not supported on {self.path}"))
+
+    def _jobs(self) -> list[dict[str, Any]]:
+        return [
+            _read(self.root, f"{MANAGER}/Jobs/{p.name}")
+            for p in sorted((self.root / MANAGER / "Jobs").iterdir())
+            if p.is_dir()
+        ]
+
+    def _create_job(self, body: dict[str, Any]) -> None:
+        if body.get("TargetSettingsURI") != _odata(f"{SYSTEM}/Bios/Settings"):
+            self._reply(400, _error("IDRAC.2.8.SYS011", "Unsupported TargetSettingsURI"))
+            return
+        if any(job["JobState"] == "Scheduled" for job in self._jobs()):
+            self._reply(400, _error("IDRAC.2.8.SYS011", "Pending configuration values are already committed"))
+            return
+        if not _read(self.root, f"{SYSTEM}/Bios/Settings")["Attributes"]:
+            self._reply(400, _error("IDRAC.2.8.SYS019", "No pending data present to create a Configuration job"))
+            return
+        job_id = f"JID_{int(time.time() * 1000) % 10**12:012d}"
+        _write(
+            self.root,
+            f"{MANAGER}/Jobs/{job_id}",
+            {
+                "Id": job_id,
+                "JobType": "BIOSConfiguration",
+                "JobState": "Scheduled",
+                "Message": "Task successfully scheduled.",
+            },
+        )
+        self._reply(200, location=_odata(f"{MANAGER}/Jobs/{job_id}"))
+
+    def _reset(self) -> None:
+        scheduled = [job for job in self._jobs() if job["JobState"] == "Scheduled"]
+        if not scheduled:
+            return  # no configuration job: a real iDRAC leaves the settings pending too
+        stuck = set(json.loads((self.root / ".stuck.json").read_text()))
+        bios = _read(self.root, f"{SYSTEM}/Bios")
+        settings = _read(self.root, f"{SYSTEM}/Bios/Settings")
+        pending = settings["Attributes"]
+        bios["Attributes"].update({k: v for k, v in pending.items() if k not in stuck})
+        settings["Attributes"] = {k: v for k, v in pending.items() if k in stuck}
+        _write(self.root, f"{SYSTEM}/Bios", bios)
+        _write(self.root, f"{SYSTEM}/Bios/Settings", settings)
+        for job in scheduled:
+            job["JobState"] = "CompletedWithErrors" if settings["Attributes"] else "Completed"
+            _write(self.root, f"{MANAGER}/Jobs/{job['Id']}", {k: v for k, v in job.items() if k != "@odata.id"})
+        if self.sync_command:
+            # The host "rebooted": let its stand-in tools see the new BIOS (e.g. GPU BARs above 4 GB).
+            subprocess.run(
+                self.sync_command,
+                shell=True,
+                input=json.dumps(bios["Attributes"]),
+                text=True,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+
+
+def make_server(root: Path, port: int, credentials_file: Path, sync_command: str | None = None) -> Any:
+    """A ready (not yet serving) HTTP server for the tree under `root` on 127.0.0.1:`port` (0: any port)."""
+    user_password = credentials_file.read_text().strip()
+    handler = type(
+        "BoundHandler",
+        (Handler,),
+        {
+            "root": root,
+            "expected_auth": "Basic " + base64.b64encode(user_password.encode()).decode(),
+            "sync_command": sync_command,
+        },
+    )
+    server = sushy_static.http_server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve(root: Path, port: int, credentials_file: Path, sync_command: str | None) -> None:
+    server = make_server(root, port, credentials_file, sync_command)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server.serve_forever()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start(profile: str, workdir: Path, credentials_file: Path, sync_command: str | None = None) -> tuple[int, int]:
+    """Generate the tree for `profile` under `workdir` and serve it on 127.0.0.1; return (pid, port)."""
+    tree = workdir / "redfish"
+    build_tree(load_profile(profile), tree)
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "ironserve.lab.redfish_emulator",
+        "--tree",
+        str(tree),
+        "--port",
+        str(port),
+        "--credentials-file",
+        str(credentials_file),
+    ]
+    if sync_command:
+        argv += ["--sync", sync_command]
+    with open(workdir / "redfish.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc.pid, port
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"redfish emulator did not start; see {workdir / 'redfish.log'}") from None
+            time.sleep(0.1)
+
+
+def stop(pid: int) -> None:
+    """Stop an emulator this module started (by its pid) and reap it if it is our child."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(50):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="redfish_emulator")
+    parser.add_argument("--tree", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--credentials-file", type=Path, required=True)
+    parser.add_argument("--sync", help="shell command run after a reset, the BIOS attributes as JSON on stdin")
+    args = parser.parse_args()
+    serve(args.tree, args.port, args.credentials_file, args.sync)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""`ironserve verify INVENTORY`: run the acceptance gate (pytest-testinfra) against every host.
+
+The inventory is validated first; each host's StackConfig is handed to the tests through a JSON
+file, and an SSH config is generated so testinfra reaches the hosts exactly as pyinfra does.
+The acceptance conftest writes one JSON report per host: invariant id -> pass/fail/skip + observed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ironserve.config import StackConfig
+from ironserve.inventory import InventoryHost
+from ironserve.paths import REPO_ROOT
+
+ACCEPTANCE_DIR = REPO_ROOT / "tests" / "acceptance"
+
+
+def ssh_config(hosts: list[InventoryHost]) -> str:
+    """An OpenSSH client config with one block per inventory host, from its pyinfra ssh_* data."""
+    blocks = []
+    for host in hosts:
+        data = host.data
+        lines = [f"Host {host.name}", f"  HostName {data.get('ssh_hostname', host.name)}"]
+        options = {
+            "Port": data.get("ssh_port"),
+            "User": data.get("ssh_user"),
+            "IdentityFile": data.get("ssh_key"),
+            "UserKnownHostsFile": data.get("ssh_known_hosts_file"),
+            "StrictHostKeyChecking": data.get("ssh_strict_host_key_checking"),
+        }
+        lines += [f"  {option} {value}" for option, value in options.items() if value is not None]
+        lines += ["  BatchMode yes", "  ControlMaster auto", "  ControlPath ~/.ssh/ironserve-%C", "  ControlPersist 60"]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def run(hosts: list[InventoryHost], configs: dict[str, StackConfig], report_dir: Path, pytest_args: list[str]) -> int:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ironserve-verify-") as tmp:
+        config_file = Path(tmp) / "ssh_config"
+        config_file.write_text(ssh_config(hosts))
+        stack_file = Path(tmp) / "stack.json"
+        stack_file.write_text(
+            json.dumps({name: c.model_dump(mode="json", by_alias=True) for name, c in configs.items()})
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(ACCEPTANCE_DIR),
+            "-p",
+            "no:cacheprovider",
+            f"--ssh-config={config_file}",
+            "--hosts=" + ",".join(f"ssh://{h.name}" for h in hosts),
+            f"--ironserve-stack={stack_file}",
+            f"--ironserve-reports={report_dir}",
+            "-q",
+            *pytest_args,
+        ]
+        return subprocess.call(argv, cwd=REPO_ROOT)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Install what ironserve needs on a fresh Debian 12 machine, idempotently:
+# Debian packages for the lab and the tests, and the project's virtual environment (outside the repo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${IRONSERVE_CACHE:-$HOME/.cache/ironserve}"
+VENV="${IRONSERVE_VENV:-$CACHE/venv}"
+APT_PACKAGES=(
+  debootstrap            # lab root file systems
+  qemu-system-x86 qemu-utils  # lab VM hosts (software emulation)
+  iptables iproute2      # lab networking (veth, NAT), undone at lab down
+  openssh-client         # reaching lab hosts over real SSH
+  prometheus             # promtool for SLO rule checks and tests
+  python3-venv
+)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+stamp="$VENV/.ironserve-$(cat pyproject.toml service/pyproject.toml | sha256sum | cut -c1-16)"
+if [ ! -e "$stamp" ]; then
+  echo "setup: building the virtual environment in $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -e './service[test]' -e '.[test,service]'
+  rm -f "$VENV"/.ironserve-*
+  touch "$stamp"
+fi
+
+# The CPU build of vLLM that the service's engine tests run for real (its own venv: it pins its own torch).
+IRONSERVE_ENGINE_VENV="${IRONSERVE_ENGINE_VENV:-$CACHE/vllm-venv}" PYTHON="$VENV/bin/python" bash service/scripts/setup-engine.sh

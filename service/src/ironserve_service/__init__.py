@@ -1,0 +1,3 @@
+"""ironserve inference service core."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from ironserve_service.cli import main
+
+raise SystemExit(main())

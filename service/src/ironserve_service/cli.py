@@ -1,0 +1,128 @@
+"""Wires the modules into one command: verify, seal, launch, probe, exporter, rules."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ironserve_service import artifacts, exporter, health, launcher, quality, slo
+from ironserve_service.settings import ServiceSettings, load_settings
+
+DEFAULT_CONFIG = Path("/etc/ironserve/service.yaml")
+
+
+def _settings(path: Path) -> ServiceSettings:
+    try:
+        return load_settings(path)
+    except FileNotFoundError:
+        raise SystemExit(f"config {path} not found") from None
+    except ValidationError as error:
+        raise SystemExit(f"config {path} is invalid:\n{error}") from None
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = artifacts.verify_model_dir(
+        args.model_dir,
+        args.manifest or args.model_dir / artifacts.MANIFEST_NAME,
+        architecture=args.architecture,
+        rope_freq_base=args.rope_freq_base,
+        gguf_quants=args.gguf_quant,
+        require_release=not args.no_release,
+    )
+    print(report.render())
+    return 0 if report.ok else 1
+
+
+def cmd_seal(args: argparse.Namespace) -> int:
+    record = artifacts.seal_model_dir(args.model_dir, datetime.now(UTC))
+    print(f"sealed {args.model_dir}: version {record['version']} sha256 {record['sha256']}")
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    return launcher.Launcher(_settings(args.config)).run()
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    settings = _settings(args.config)
+    if args.kind == "ready":
+        result = health.probe_ready(settings.readiness)
+    else:
+        result = health.probe_live(settings.readiness, settings.engine)
+    print(result.reason)
+    return 0 if result.ok else 1
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    settings = _settings(args.config)
+    logging.basicConfig(level=logging.INFO)
+    registry = exporter.build_registry(settings.exporter)
+    metrics = quality.QualityMetrics(registry, settings.quality)
+    embedder = quality.sentence_bert if settings.quality.semantic_scorer == "sentence-bert" else lambda: None
+    scorer = quality.QualityScorer(settings.quality, settings.engine, metrics, embedder)
+    quality.start_quality(scorer)
+    exporter.serve(settings.exporter, registry)
+    print(f"exporter on {settings.exporter.host}:{settings.exporter.port}, mirror sink on "
+          f"{settings.quality.mirror_host}:{settings.quality.mirror_port}", flush=True)  # fmt: skip
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    return 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    settings = _settings(args.config)
+    text = slo.render_rules(settings.slo, settings.quality)
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="ironserve-service", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+
+    verify = commands.add_parser("verify", help="prove a model directory's bytes before serving it")
+    verify.add_argument("model_dir", type=Path)
+    verify.add_argument("--manifest", type=Path, help="sha256sum manifest (default MODEL_DIR/MANIFEST.sha256)")
+    verify.add_argument("--architecture", default="qwen2")
+    verify.add_argument("--rope-freq-base", type=float, default=1_000_000.0)
+    verify.add_argument("--gguf-quant", action="append", default=None, help="allowed GGUF quantization (repeat)")
+    verify.add_argument("--no-release", action="store_true", help="do not require release.json")
+    verify.set_defaults(handler=cmd_verify)
+
+    seal = commands.add_parser("seal", help="write MANIFEST.sha256 and release.json for verified weights")
+    seal.add_argument("model_dir", type=Path)
+    seal.set_defaults(handler=cmd_seal)
+
+    for name, handler, text in (
+        ("launch", cmd_launch, "start vLLM with loading/ready markers"),
+        ("exporter", cmd_exporter, "serve the five-dimension metrics and the mirror sink"),
+        ("rules", cmd_rules, "print the Prometheus SLO rules"),
+    ):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+        command.set_defaults(handler=handler)
+        if name == "rules":
+            command.add_argument("--output", type=Path)
+
+    probe = commands.add_parser("probe", help="exit 0 when ready/live (systemd, Kubernetes exec probes)")
+    probe.add_argument("kind", choices=["ready", "live"])
+    probe.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    probe.set_defaults(handler=cmd_probe)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if getattr(args, "gguf_quant", "unset") is None:
+        args.gguf_quant = ["Q5_K_M", "Q4_K_S"]
+    code: int = args.handler(args)
+    return code

@@ -1,0 +1,127 @@
+"""Typed settings for every part of the service, loaded from one YAML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    # Typos in the config file must fail loudly instead of silently using a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSettings(_Strict):
+    """How vLLM is started (svc-* and pipe-cuda-graph-sizes entries of the catalog)."""
+
+    model_dir: Path
+    served_model_name: str = "qwen2-7b"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    max_model_len: int = Field(default=4096, gt=0)
+    gpu_memory_utilization: float = Field(default=0.90, gt=0.0, le=1.0)
+    max_num_seqs: int = Field(default=8, gt=0)
+    tensor_parallel_size: int = Field(default=2, gt=0)
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    # Batch sizes (not input lengths) that vLLM captures CUDA graphs for; None lets vLLM choose.
+    cudagraph_capture_sizes: list[int] | None = None
+    enforce_eager: bool = False
+    # Interpreter of the venv vLLM lives in; None means the one running this package.
+    engine_python: Path | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("cudagraph_capture_sizes")
+    @classmethod
+    def _sizes_sorted_positive(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is not None and (not sizes or any(s <= 0 for s in sizes) or sizes != sorted(set(sizes))):
+            raise ValueError("cudagraph_capture_sizes must be distinct positive batch sizes in ascending order")
+        return sizes
+
+    @model_validator(mode="after")
+    def _graphs_fit_the_batch(self) -> EngineSettings:
+        sizes = self.cudagraph_capture_sizes
+        if sizes and sizes[-1] > self.max_num_seqs:
+            # A graph for a batch larger than max_num_seqs can never be replayed: wasted GPU memory.
+            raise ValueError(
+                f"cudagraph_capture_sizes are batch sizes; {sizes[-1]} exceeds max_num_seqs={self.max_num_seqs}"
+            )
+        if sizes and self.enforce_eager:
+            raise ValueError("cudagraph_capture_sizes has no effect with enforce_eager")
+        if "--cpu-offload-gb" in self.extra_args:
+            raise ValueError("CPU offload is not allowed: the whole model stays resident on the GPU")
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class ReadinessSettings(_Strict):
+    loading_marker: Path = Path("/tmp/model_loading")
+    ready_marker: Path = Path("/tmp/model_ready")
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    drain_timeout_s: float = Field(default=10.0, gt=0)
+    probe_timeout_s: float = Field(default=2.0, gt=0)
+
+
+class QualitySettings(_Strict):
+    """Model and business dimensions, scored on a sampled mirror of live traffic."""
+
+    mirror_host: str = "127.0.0.1"
+    mirror_port: int = Field(default=9401, ge=1, le=65535)
+    queue_size: int = Field(default=64, gt=0)
+    logprob_std_normal_max: float = 0.8
+    logprob_std_alert: float = 2.5
+    semantic_threshold: float = Field(default=0.65, ge=-1.0, le=1.0)
+    semantic_scorer: Literal["sentence-bert", "none"] = "sentence-bert"
+    max_tokens: int = Field(default=64, gt=0)
+
+
+class ExporterSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=9400, ge=1, le=65535)
+    vllm_metrics_url: HttpUrl = HttpUrl("http://127.0.0.1:8000/metrics")
+    scrape_timeout_s: float = Field(default=2.0, gt=0)
+    max_gpus: int = Field(default=8, gt=0)
+    gpu_hour_usd: float = Field(default=0.85, ge=0)
+    gpus_billed: int = Field(default=2, gt=0)
+
+
+class SloSettings(_Strict):
+    latency_metric: str = "http_request_duration_seconds"
+    p95_latency_s: float = 0.4
+    paging_latency_s: float = 0.5
+    paging_fast_ratio: float = 0.999
+    paging_error_ratio: float = 0.001
+    semantic_success_min: float = 0.925
+    semantic_success_page: float = 0.90
+    cost_per_token_max_usd: float = 0.00015
+    # Decimal bytes (20.8 GB = 20.8e9 B), not GiB: the seed's figure is an A10 headroom threshold.
+    gpu_memory_alert_bytes: int = 20_800_000_000
+    kv_cache_usage_max: float = Field(default=0.95, gt=0, le=1)
+    kv_cache_for: str = "3m"
+    memory_leak_max_bytes_per_hour: float = 300_000.0
+    leak_window: str = "6h"
+    # With a 5 s scrape interval, the 1 m window detects a latency regression in about a minute.
+    fast_window: str = "1m"
+    slo_window: str = "5m"
+    # Mirrored samples are sparse; a longer window keeps the success rate from flapping.
+    quality_window: str = "30m"
+    job: str = "ironserve"
+
+
+class ServiceSettings(_Strict):
+    engine: EngineSettings
+    readiness: ReadinessSettings = ReadinessSettings()
+    exporter: ExporterSettings = ExporterSettings()
+    quality: QualitySettings = QualitySettings()
+    slo: SloSettings = SloSettings()
+
+
+def load_settings(path: Path) -> ServiceSettings:
+    with path.open(encoding="utf-8") as handle:
+        return ServiceSettings.model_validate(yaml.safe_load(handle) or {})

@@ -1,0 +1,100 @@
+"""Acceptance gate plumbing: the stack config per host, observed values, per-host JSON reports.
+
+Run through `ironserve verify INVENTORY`, which passes --hosts, --ssh-config and the two options below.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ironserve.config import StackConfig
+
+# Worst first: one failing test makes the invariant fail on that host.
+SEVERITY = {"fail": 0, "pass": 1, "skip": 2}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--ironserve-stack", help="JSON file: host name -> StackConfig (from ironserve verify)")
+    parser.addoption("--ironserve-reports", help="folder for per-host invariant reports")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "invariant(*ids): catalog ids this test asserts")
+    config.stash[RESULTS] = defaultdict(dict)
+
+
+RESULTS = pytest.StashKey[dict[str, dict[str, dict[str, Any]]]]()
+
+
+@pytest.fixture(scope="session")
+def stack_configs(pytestconfig: pytest.Config) -> dict[str, StackConfig]:
+    path = pytestconfig.getoption("--ironserve-stack")
+    if not path:
+        pytest.exit("run the acceptance gate through `ironserve verify INVENTORY`", returncode=4)
+    raw = json.loads(Path(path).read_text())
+    return {name: StackConfig.model_validate(data) for name, data in raw.items()}
+
+
+@pytest.fixture
+def config(host: Any, stack_configs: dict[str, StackConfig]) -> StackConfig:
+    return stack_configs[host.backend.get_hostname()]
+
+
+@pytest.fixture
+def container_kind(host: Any) -> str | None:
+    kind = host.run("systemd-detect-virt --container").stdout.strip()
+    return None if kind in {"", "none"} else kind
+
+
+@pytest.fixture
+def observe(request: pytest.FixtureRequest) -> Any:
+    """Record the value a test observed on the host, for the report."""
+
+    def record(value: object) -> None:
+        request.node.user_properties.append(("observed", str(value)))
+
+    return record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        marker_ids = [i for m in item.iter_markers("invariant") for i in m.args]
+        host_param = getattr(item, "callspec", None)
+        hostname = host_param.params.get("_testinfra_host") if host_param else None
+        host_name = hostname.backend.get_hostname() if hostname is not None else "local"
+        status = {"passed": "pass", "failed": "fail", "skipped": "skip"}[report.outcome]
+        observed = dict(item.user_properties).get("observed")
+        detail = str(report.longrepr[-1]) if report.skipped and isinstance(report.longrepr, tuple) else None
+        results = item.config.stash[RESULTS][host_name]
+        for invariant in marker_ids:
+            previous = results.get(invariant)
+            if previous is None or SEVERITY[status] < SEVERITY[previous["status"]]:
+                results[invariant] = {"status": status, "observed": observed, "test": item.name, "reason": detail}
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    folder = session.config.getoption("--ironserve-reports")
+    if not folder:
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for host_name, results in session.config.stash[RESULTS].items():
+        path = Path(folder) / f"{host_name}.json"
+        path.write_text(json.dumps(dict(sorted(results.items())), indent=2) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    for host_name, results in sorted(config.stash[RESULTS].items()):
+        counts = defaultdict(int)
+        for result in results.values():
+            counts[result["status"]] += 1
+        terminalreporter.write_line(
+            f"invariants on {host_name}: {counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skip"
+        )

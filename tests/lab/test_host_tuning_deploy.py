@@ -1,0 +1,125 @@
+"""host_tuning against real lab container hosts: converge, zero changes on re-run, drift restored.
+
+Container hosts are debootstrapped Debian 12 systems booted with systemd as PID 1 and reached
+over real SSH; only the hardware is simulated (not used by this role).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ironserve.lab import remote
+from ironserve.lab.state import LabHost
+from ironserve.paths import REPO_ROOT
+from tests.lab.deploying import deploy, verify
+
+pytestmark = pytest.mark.lab
+SYSCTL_FILE = "/etc/sysctl.d/90-ironserve.conf"
+
+
+@pytest.fixture(scope="module")
+def converged(container_hosts: list[LabHost]) -> list[LabHost]:
+    first = deploy()
+    assert first.returncode == 0, first.output
+    assert first.changed > 0, first.output
+    return container_hosts
+
+
+@pytest.mark.invariant("sysctl-tcp-slow-start-after-idle", "net-ip-local-port-range")
+def test_first_deploy_sets_live_values(converged: list[LabHost]) -> None:
+    host = converged[0]
+    assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "0"
+    assert remote.run(host, "cat /proc/sys/net/ipv4/ip_local_port_range").split() == ["32768", "60999"]
+
+
+@pytest.mark.invariant("sysctl-rmem-max", "sysctl-wmem-max")
+def test_kernel_global_keys_are_persisted_not_forced_in_a_container(converged: list[LabHost]) -> None:
+    host = converged[0]
+    content = remote.run(host, f"cat {SYSCTL_FILE}")
+    assert "net.core.rmem_max = 26214400" in content
+    assert "net.core.wmem_max = 26214400" in content
+
+
+def test_second_deploy_reports_zero_changes(converged: list[LabHost]) -> None:
+    again = deploy()
+    assert again.returncode == 0, again.output
+    assert (again.changed, again.errors) == (0, 0), again.output
+
+
+def test_drift_is_restored_and_gate_passes(converged: list[LabHost]) -> None:
+    host = converged[0]
+    remote.run(host, "sysctl -w net.ipv4.tcp_slow_start_after_idle=1")
+    remote.run(host, "sysctl -w net.ipv4.ip_local_port_range='40000 50000'")
+    remote.run(host, f"sed -i 's/^net.core.rmem_max = .*/net.core.rmem_max = 1000/' {SYSCTL_FILE}")
+    remote.run(host, "systemctl disable systemd-timesyncd")
+
+    restored = deploy()
+    assert restored.returncode == 0, restored.output
+    assert restored.changed >= 4, restored.output
+    assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "0"
+    assert remote.run(host, "cat /proc/sys/net/ipv4/ip_local_port_range").split() == ["32768", "60999"]
+    assert "net.core.rmem_max = 26214400" in remote.run(host, f"cat {SYSCTL_FILE}")
+    assert remote.run(host, "systemctl is-enabled systemd-timesyncd").strip() == "enabled"
+
+    gate = verify()
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    assert deploy().changed == 0
+
+
+def test_gate_fails_on_drift(converged: list[LabHost], tmp_path: Path) -> None:
+    host = converged[0]
+    remote.run(host, "sysctl -w net.ipv4.tcp_slow_start_after_idle=1")
+    try:
+        gate = verify("inventory/lab.py", "-k", "tcp_slow_start")
+        assert gate.returncode != 0
+        assert "net.ipv4.tcp_slow_start_after_idle" in gate.stdout
+    finally:
+        assert deploy().returncode == 0
+
+
+def _inventory(tmp_path: Path, host: LabHost, extra: str) -> str:
+    path = tmp_path / "bad_inventory.py"
+    path.write_text(
+        textwrap.dedent(f"""
+        from ironserve.lab.inventory import lab_groups
+
+        lab_containers, _ = lab_groups()
+        lab_containers = [(name, {{**data, {extra}}}) for name, data in lab_containers if name == {host.name!r}]
+        """)
+    )
+    return str(path)
+
+
+def test_invalid_inventory_stops_before_any_host_is_touched(converged: list[LabHost], tmp_path: Path) -> None:
+    host = converged[0]
+    remote.run(host, "sysctl -w net.ipv4.tcp_slow_start_after_idle=1")  # drift that a deploy would fix
+    try:
+        bad = deploy(_inventory(tmp_path, host, '"host_tuning_sysctls": {"net.core.rmem_max": "lots"}'))
+        assert bad.returncode == 2
+        assert (
+            f"host {host.name}: host_tuning_sysctls: net.core.rmem_max: expected a non-negative integer" in bad.output
+        )
+        assert "no host was contacted" in bad.output
+        assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "1"
+    finally:
+        assert deploy().returncode == 0
+
+
+def test_pyinfra_direct_run_with_bad_data_changes_nothing(converged: list[LabHost], tmp_path: Path) -> None:
+    """`pyinfra inventory deploy.py` without the ironserve wrapper also stops before any change."""
+    host = converged[0]
+    remote.run(host, "sysctl -w net.ipv4.tcp_slow_start_after_idle=1")
+    try:
+        inventory = _inventory(tmp_path, host, '"host_tuning_reboot_policy": "sometimes"')
+        run = subprocess.run(
+            ["pyinfra", "-y", inventory, "deploy.py"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert run.returncode != 0
+        assert "host_tuning_reboot_policy" in run.stdout + run.stderr
+        assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "1"
+    finally:
+        assert deploy().returncode == 0

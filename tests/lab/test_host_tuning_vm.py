@@ -1,0 +1,62 @@
+"""host_tuning on a lab VM (qemu, real kernel, GRUB inside the image): the cgroup v2 argument goes
+into GRUB, the `auto` policy reboots, the reboot is proven by a new boot id and the effect by cgroup2fs.
+The VM image boots with systemd.unified_cgroup_hierarchy=0 (cgroup v1), like an older server.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ironserve.lab import remote
+from ironserve.lab.state import LabHost
+from tests.lab.deploying import deploy
+
+pytestmark = pytest.mark.vm
+CGROUP_ARG = "systemd.unified_cgroup_hierarchy=1"
+
+
+@pytest.fixture(scope="module")
+def rebooted_vm(vm_host: LabHost) -> tuple[LabHost, str, str]:
+    before_boot = remote.boot_id(vm_host)
+    before_fs = remote.run(vm_host, "stat -fc %T /sys/fs/cgroup").strip()
+    result = deploy("inventory/lab.py", "--limit", vm_host.name)
+    assert result.returncode == 0, result.output
+    return vm_host, before_boot, before_fs
+
+
+@pytest.mark.invariant("kernel-cgroup-v2")
+def test_auto_policy_reboots_into_cgroup_v2(rebooted_vm: tuple[LabHost, str, str]) -> None:
+    vm, before_boot, before_fs = rebooted_vm
+    assert before_fs == "tmpfs"  # the image starts on cgroup v1
+    assert remote.boot_id(vm) != before_boot
+    assert CGROUP_ARG in remote.run(vm, "cat /proc/cmdline")
+    assert remote.run(vm, "stat -fc %T /sys/fs/cgroup").strip() == "cgroup2fs"
+    assert CGROUP_ARG in remote.run(vm, "grep ^GRUB_CMDLINE_LINUX= /etc/default/grub")
+
+
+@pytest.mark.invariant("sysctl-rmem-max", "sysctl-wmem-max")
+def test_kernel_global_sysctls_live_on_a_real_kernel(rebooted_vm: tuple[LabHost, str, str]) -> None:
+    vm = rebooted_vm[0]
+    assert remote.run(vm, "sysctl -n net.core.rmem_max net.core.wmem_max").split() == ["26214400", "26214400"]
+
+
+def test_second_run_changes_nothing_and_does_not_reboot(rebooted_vm: tuple[LabHost, str, str]) -> None:
+    vm = rebooted_vm[0]
+    boot = remote.boot_id(vm)
+    again = deploy("inventory/lab.py", "--limit", vm.name)
+    assert (again.returncode, again.changed) == (0, 0), again.output
+    assert remote.boot_id(vm) == boot
+
+
+def test_grub_drift_is_restored_without_a_reboot(rebooted_vm: tuple[LabHost, str, str]) -> None:
+    vm = rebooted_vm[0]
+    boot = remote.boot_id(vm)
+    remote.run(vm, f"sed -i 's/{CGROUP_ARG}/systemd.unified_cgroup_hierarchy=0/' /etc/default/grub && update-grub")
+    restored = deploy("inventory/lab.py", "--limit", vm.name)
+    assert restored.returncode == 0, restored.output
+    assert restored.changed >= 1
+    assert CGROUP_ARG in remote.run(vm, "grep ^GRUB_CMDLINE_LINUX= /etc/default/grub")
+    assert CGROUP_ARG in remote.run(vm, "cat /boot/grub/grub.cfg")
+    # The running kernel already had the argument, so the auto policy had nothing to reboot for.
+    assert remote.boot_id(vm) == boot
+    assert deploy("inventory/lab.py", "--limit", vm.name).changed == 0

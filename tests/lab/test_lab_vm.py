@@ -1,0 +1,100 @@
+"""VM lab hosts boot through their own GRUB, so kernel-level changes are real.
+
+The VM is shared by the session and other modules may have tuned it (host_tuning
+switches it to cgroup v2), so these tests read its state first instead of assuming the base's.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import yaml
+
+from ironserve.lab import remote, vm
+from ironserve.lab.state import LabHost
+
+pytestmark = pytest.mark.vm
+
+CGROUP_V1 = "systemd.unified_cgroup_hierarchy=0"
+CGROUP_V2 = "systemd.unified_cgroup_hierarchy=1"
+
+
+def cmdline(host: LabHost) -> list[str]:
+    return remote.run(host, "cat /proc/cmdline").split()
+
+
+def cgroup_fs(host: LabHost) -> str:
+    return remote.run(host, "stat -fc %T /sys/fs/cgroup").strip()
+
+
+def expected_cgroup_fs(args: list[str]) -> str:
+    # systemd 252 mounts the v1 hierarchy (tmpfs with controllers below) only when asked for it.
+    return "tmpfs" if CGROUP_V1 in args else "cgroup2fs"
+
+
+def test_kernel_is_booted_by_grub_with_the_configured_cmdline(vm_host: LabHost) -> None:
+    args = cmdline(vm_host)
+    # BOOT_IMAGE is set by GRUB only: qemu did not load the kernel directly.
+    assert any(arg.startswith("BOOT_IMAGE=/boot/vmlinuz-") for arg in args), args
+    configured = remote.run(vm_host, ". /etc/default/grub && echo $GRUB_CMDLINE_LINUX $GRUB_CMDLINE_LINUX_DEFAULT")
+    assert set(configured.split()) <= set(args)
+    assert cgroup_fs(vm_host) == expected_cgroup_fs(args)
+
+
+def test_hardware_profile_is_in_the_vm(vm_host: LabHost) -> None:
+    profile = yaml.safe_load(remote.run(vm_host, "cat /etc/ironserve-lab/hardware.yaml"))
+    assert profile["name"] == vm_host.hardware_profile
+
+
+def test_cgroup_switch_in_grub_takes_effect_after_reboot(vm_host: LabHost) -> None:
+    before = cmdline(vm_host)
+    target = CGROUP_V2 if CGROUP_V1 in before else CGROUP_V1
+    probe = f"ironserve.lab_probe={uuid.uuid4().hex[:8]}"
+    original_grub = remote.run(vm_host, "base64 -w0 /etc/default/grub").strip()
+    old_boot_id = remote.boot_id(vm_host)
+    try:
+        remote.run(
+            vm_host,
+            "sed -i -e 's/ *systemd.unified_cgroup_hierarchy=[01]//g' "
+            f"-e 's/^GRUB_CMDLINE_LINUX=\"/&{target} {probe} /' /etc/default/grub && update-grub",
+        )
+        assert probe not in cmdline(vm_host), "a GRUB change must not apply before a reboot"
+
+        new_boot_id = vm.reboot(vm_host)
+
+        assert new_boot_id != old_boot_id
+        after = cmdline(vm_host)
+        assert probe in after and target in after
+        assert cgroup_fs(vm_host) == expected_cgroup_fs(after)
+        assert cgroup_fs(vm_host) != expected_cgroup_fs(before)
+    finally:
+        # Later tests share this VM: boot it back into the command line it had.
+        remote.run(vm_host, f"echo {original_grub} | base64 -d > /etc/default/grub && update-grub")
+        vm.reboot(vm_host)
+    assert cmdline(vm_host)[1:] == before[1:]  # BOOT_IMAGE may differ only if the kernel did
+
+
+def test_wait_for_reboot_sees_a_reboot_started_elsewhere(vm_host: LabHost) -> None:
+    old_boot_id = remote.boot_id(vm_host)
+    # As a role would: schedule the reboot so the command returns before SSH drops.
+    remote.run(vm_host, "systemd-run --on-active=2 systemctl reboot")
+    assert vm.wait_for_reboot(vm_host, old_boot_id) != old_boot_id
+
+
+def test_modprobe_br_netfilter(vm_host: LabHost) -> None:
+    try:
+        remote.run(vm_host, "modprobe br_netfilter")
+        assert "br_netfilter" in remote.run(vm_host, "lsmod").split()
+        assert remote.run(vm_host, "sysctl -n net.bridge.bridge-nf-call-iptables").strip() in {"0", "1"}
+    finally:
+        remote.run(vm_host, "modprobe -r br_netfilter")
+
+
+def test_kernel_sysctl_can_be_set(vm_host: LabHost) -> None:
+    original = remote.run(vm_host, "sysctl -n net.core.rmem_max").strip()
+    try:
+        remote.run(vm_host, "sysctl -w net.core.rmem_max=26214400")
+        assert remote.run(vm_host, "sysctl -n net.core.rmem_max").strip() == "26214400"
+    finally:
+        remote.run(vm_host, f"sysctl -w net.core.rmem_max={original}")

@@ -1,0 +1,150 @@
+"""The Redfish client and BIOS workflow against the lab's iDRAC emulator (sushy-tools based, on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ironserve import redfish
+from ironserve.lab import hardware, redfish_emulator
+from ironserve.redfish import Credentials, RedfishClient, RedfishError, apply, load_credentials, read_state
+
+SENTINEL = "s3ntinel-PASSWORD-9f2c"
+DESIRED = {
+    "MmioAbove4Gb": "Enabled",
+    "SriovGlobalEnable": "Disabled",
+    "ProcVirtualization": "Enabled",
+    "SysProfile": "PerfOptimized",
+}
+
+
+class Emulator:
+    def __init__(self, profile: str, tmp: Path, sync: str | None = None) -> None:
+        self.tree = tmp / "tree"
+        redfish_emulator.build_tree(hardware.load_profile(profile), self.tree)
+        creds = tmp / "credentials"
+        creds.write_text(f"root:{SENTINEL}\n")
+        self.server: Any = redfish_emulator.make_server(self.tree, 0, creds, sync)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def client(self, password: str = SENTINEL) -> RedfishClient:
+        return RedfishClient(self.url, Credentials("root", password), timeout_s=5)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture
+def emulator(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Emulator]:
+    emu = Emulator(getattr(request, "param", "r740-a10x4"), tmp_path)
+    try:
+        yield emu
+    finally:
+        emu.close()
+
+
+def test_read_state(emulator: Emulator) -> None:
+    state = read_state(emulator.client())
+    assert state.model == "PowerEdge R740" and state.bios_version == "2.19.1" and state.power_state == "On"
+    assert state.attributes["MmioAbove4Gb"] == "Enabled" and state.pending == {}
+    assert [(p.name, p.capacity_w) for p in state.power_supplies] == [("PSU1", 2000), ("PSU2", 2000)]
+    assert [d["PCIeInterface"]["LanesInUse"] for d in state.pcie_devices] == [16, 16, 8, 8]
+    assert "GracefulRestart" in state.reset_types
+
+
+def test_nothing_to_apply_sends_no_patch(emulator: Emulator) -> None:
+    client = emulator.client()
+    result = apply(client, DESIRED, reboot=True)
+    assert result.proven and result.patched == {} and result.note() == "nothing to apply"
+    assert [m for m, _ in client.requests] == ["GET"] * len(client.requests)
+
+
+@pytest.mark.parametrize("emulator", ["r740-a10x4-above4g-off"], indirect=True)
+def test_apply_patches_schedules_job_resets_and_proves(emulator: Emulator) -> None:
+    client = emulator.client()
+    result = apply(client, DESIRED, reboot=True, poll_s=0)
+    assert result.patched == {"MmioAbove4Gb": "Enabled"}
+    assert result.job is not None and result.job.startswith("JID_")
+    assert result.reset == "GracefulRestart"
+    assert result.proven and result.stuck == {}
+    sent = [(m, p) for m, p in client.requests if m != "GET"]
+    assert sent == [("PATCH", redfish.BIOS_SETTINGS), ("POST", redfish.JOBS), ("POST", redfish.RESET)]
+    job = client.get(f"{redfish.JOBS}/{result.job}")
+    assert job["JobState"] == "Completed"
+    again = emulator.client()
+    assert apply(again, DESIRED, reboot=True).patched == {}
+    assert {m for m, _ in again.requests} == {"GET"}  # the second run sends no PATCH, no job, no reset
+
+
+@pytest.mark.parametrize("emulator", ["r740-a10x4-above4g-off"], indirect=True)
+def test_apply_without_reboot_leaves_settings_pending(emulator: Emulator) -> None:
+    result = apply(emulator.client(), DESIRED, reboot=False)
+    assert result.reset is None and not result.proven
+    assert result.state is not None and result.state.pending == {"MmioAbove4Gb": "Enabled"}
+    assert "no reset (bios_reboot_policy: never)" in result.note()
+    # Run again: the value is already pending and the job scheduled, so nothing is PATCHed twice.
+    client = emulator.client()
+    second = apply(client, DESIRED, reboot=False)
+    assert second.patched == {} and second.job == "already scheduled"
+    assert ("PATCH", redfish.BIOS_SETTINGS) not in client.requests
+
+
+@pytest.mark.parametrize("emulator", ["r740-a10x4-sriov-stuck"], indirect=True)
+def test_setting_stuck_pending_is_not_a_success(emulator: Emulator) -> None:
+    result = apply(emulator.client(), DESIRED, reboot=True, poll_s=0, timeout_s=5)
+    assert result.reset is not None
+    assert result.stuck == {"SriovGlobalEnable": "Disabled"}
+    assert not result.proven and result.remaining == {"SriovGlobalEnable": "Disabled"}
+    assert emulator.client().get(f"{redfish.JOBS}/{result.job}")["JobState"] == "CompletedWithErrors"
+
+
+def test_unknown_attribute_is_a_redfish_error(emulator: Emulator) -> None:
+    client = emulator.client()
+    with pytest.raises(RedfishError, match="The property NoSuchKnob is not in the list of valid properties"):
+        client.request("PATCH", redfish.BIOS_SETTINGS, {"Attributes": {"NoSuchKnob": "On"}})
+    with pytest.raises(RedfishError, match="this BIOS has no attribute NoSuchKnob"):
+        apply(client, {"NoSuchKnob": "On"}, reboot=False)
+
+
+def test_wrong_password_is_refused(emulator: Emulator) -> None:
+    with pytest.raises(RedfishError, match="HTTP 401"):
+        read_state(emulator.client("wrong"))
+
+
+def test_sentinel_password_never_appears(
+    emulator: Emulator, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    client = emulator.client()
+    messages = [repr(client), repr(client._credentials), str(client._credentials)]
+    apply(client, {**DESIRED, "MmioAbove4Gb": "Disabled"}, reboot=True, poll_s=0)
+    for attempt in (lambda: read_state(emulator.client("wrong")), lambda: client.get("/redfish/v1/Nope")):
+        with pytest.raises(RedfishError) as info:
+            attempt()
+        messages.append(str(info.value))
+    out, err = capfd.readouterr()
+    text = "\n".join([*messages, out, err, caplog.text])
+    assert "redfish: PATCH /redfish/v1/Systems/System.Embedded.1/Bios/Settings" in text  # the log exists
+    encoded = base64.b64encode(f"root:{SENTINEL}".encode()).decode()
+    assert SENTINEL not in text and encoded not in text and "Authorization" not in text
+
+
+def test_credentials_from_environment_and_file(tmp_path: Path) -> None:
+    env = {redfish.ENV_USER: "root", redfish.ENV_PASSWORD: SENTINEL}
+    assert load_credentials(None, env) == Credentials("root", SENTINEL)
+    assert SENTINEL not in repr(load_credentials(None, env))
+    path = tmp_path / "idrac"
+    path.write_text(f"admin:{SENTINEL}\n")
+    assert load_credentials(str(path), {}).user == "admin"
+    with pytest.raises(RedfishError, match="no iDRAC credentials: set IRONSERVE_REDFISH_USER"):
+        load_credentials(None, {})
+    with pytest.raises(RedfishError, match="inside the repository"):
+        load_credentials(str(Path(redfish.__file__)), {})
