@@ -7,8 +7,15 @@ An invalid inventory raises before any operation is queued, so no host is change
 from pyinfra.context import host
 
 from ironserve.deploying import config_for
+from roles.bios import bios
 from roles.host_tuning import host_tuning
+from roles.preflight import preflight
 
 config = config_for(host)
+
+# Hardware first (issue 3): the BIOS through the iDRAC, then the preflight gate, which stops a host
+# that is physically wrong before anything else runs on it.
+bios(config=config)
+preflight(config=config)
 
 host_tuning(config=config)

@@ -50,13 +50,19 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     _validated(args.inventory)
-    return subprocess.call(
-        ["pyinfra", "-y", args.inventory, str(REPO_ROOT / "deploy.py"), *args.pyinfra_args], cwd=REPO_ROOT
-    )
+    # pyinfra from this interpreter's environment, whether or not that environment is on PATH.
+    limits = [arg for name in args.limit or [] for arg in ("--limit", name)]
+    argv = [sys.executable, "-m", "pyinfra", "-y", *limits, *args.pyinfra_args, args.inventory, str(REPO_ROOT / "deploy.py")]
+    return subprocess.call(argv, cwd=REPO_ROOT)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     hosts, configs = _validated(args.inventory)
+    if args.limit:
+        unknown = set(args.limit) - {h.name for h in hosts}
+        if unknown:
+            raise KeyError(f"--limit names hosts not in {args.inventory}: {', '.join(sorted(unknown))}")
+        hosts = [h for h in hosts if h.name in args.limit]
     return verify.run(hosts, configs, Path(args.reports), args.pytest_args)
 
 
@@ -100,12 +106,14 @@ def parser() -> argparse.ArgumentParser:
 
     deploy = sub.add_parser("deploy", help="validate the inventory, then run deploy.py with pyinfra")
     deploy.add_argument("inventory")
-    deploy.add_argument("pyinfra_args", nargs=argparse.REMAINDER, help="passed to pyinfra, e.g. --limit lab-c1")
+    deploy.add_argument("--limit", action="append", help="deploy only this host (repeatable)")
+    deploy.add_argument("pyinfra_args", nargs=argparse.REMAINDER, help="passed to pyinfra, e.g. -v")
     deploy.set_defaults(func=cmd_deploy)
 
     check = sub.add_parser("verify", help="run the acceptance gate against an inventory's hosts")
     check.add_argument("inventory")
     check.add_argument("--reports", default=str(REPO_ROOT / "reports"), help="folder for per-host JSON reports")
+    check.add_argument("--limit", action="append", help="verify only this host (repeatable)")
     check.add_argument("pytest_args", nargs=argparse.REMAINDER)
     check.set_defaults(func=cmd_verify)
 

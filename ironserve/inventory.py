@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyinfra.api.state import State
+from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
 from ironserve.config import ConfigError, StackConfig, build_config
@@ -22,7 +24,9 @@ class InventoryHost:
 def load_inventory(path: str) -> list[InventoryHost]:
     if not Path(path).exists():
         raise FileNotFoundError(f"inventory file {path} does not exist")
-    inventory = make_inventory(path, cwd=str(REPO_ROOT))
+    # pyinfra's loader records the file it executes on the current State: give it one (as its CLI does).
+    with ctx_state.use(State()):
+        inventory = make_inventory(path, cwd=str(REPO_ROOT))
     return [InventoryHost(name=host.name, groups=tuple(host.groups), data=dict(host.data.dict())) for host in inventory]
 
 

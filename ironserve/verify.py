@@ -20,7 +20,7 @@ from ironserve.paths import REPO_ROOT
 ACCEPTANCE_DIR = REPO_ROOT / "tests" / "acceptance"
 
 
-def ssh_config(hosts: list[InventoryHost]) -> str:
+def ssh_config(hosts: list[InventoryHost], control_dir: Path) -> str:
     """An OpenSSH client config with one block per inventory host, from its pyinfra ssh_* data."""
     blocks = []
     for host in hosts:
@@ -34,7 +34,7 @@ def ssh_config(hosts: list[InventoryHost]) -> str:
             "StrictHostKeyChecking": data.get("ssh_strict_host_key_checking"),
         }
         lines += [f"  {option} {value}" for option, value in options.items() if value is not None]
-        lines += ["  BatchMode yes", "  ControlMaster auto", "  ControlPath ~/.ssh/ironserve-%C", "  ControlPersist 60"]
+        lines += ["  BatchMode yes", "  ControlMaster auto", f"  ControlPath {control_dir}/%C", "  ControlPersist 60"]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
@@ -43,7 +43,7 @@ def run(hosts: list[InventoryHost], configs: dict[str, StackConfig], report_dir:
     report_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ironserve-verify-") as tmp:
         config_file = Path(tmp) / "ssh_config"
-        config_file.write_text(ssh_config(hosts))
+        config_file.write_text(ssh_config(hosts, Path(tmp)))
         stack_file = Path(tmp) / "stack.json"
         stack_file.write_text(
             json.dumps({name: c.model_dump(mode="json", by_alias=True) for name, c in configs.items()})

@@ -6,6 +6,9 @@ lives in the host's own mount and network namespaces. Everything the host mounts
 lives in those namespaces and dies with them; the machine itself only sees the lab bridge, one
 veth per host and a cgroup subtree per host (see network.py and `_cgroup_cleanup`).
 
+Changes to the lab state go through `state.locked()` and are copied back into the caller's
+`current`, because other `lab` commands or test sessions may start and stop hosts at the same time.
+
 The supervisor boots the host as PID 1 of a fresh PID namespace (files/container-boot.sh), boots
 it again after `reboot` and exits after `poweroff`. `stop` powers the host off like a power
 button (SIGRTMIN+4 to its systemd) and kills whatever is left through the host's cgroup.
@@ -13,6 +16,7 @@ button (SIGRTMIN+4 to its systemd) and kills whatever is left through the host's
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from ironserve.lab import network, state
+from ironserve.lab import network, remote, state
 from ironserve.lab.hardware import load_profile
 from ironserve.lab.rootfs import cached_rootfs
 from ironserve.lab.state import LabHost, LabState
@@ -61,7 +65,7 @@ def container_rootfs() -> Path:
     # Identities every host must have its own of: SSH host keys and the machine ID. An empty
     # machine-id would mean "first boot" to systemd, so each host gets one written before boot.
     for key in (root / "etc/ssh").glob("ssh_host_*"):
-        key.unlink()
+        key.unlink(missing_ok=True)  # another `lab up` may be doing this too
     (root / "etc/machine-id").write_text("")
     # /proc/sys is read-only in a container except /proc/sys/net, which systemd-sysctl can still apply.
     dropin = root / "usr/lib/systemd/system/systemd-sysctl.service.d/ironserve-lab.conf"
@@ -90,6 +94,19 @@ def _upper_dir(lower: Path, upper: Path, relative: str) -> Path:
     return path
 
 
+def _resolv_conf() -> Path:
+    """The machine's resolver configuration as a host can use it.
+
+    systemd-resolved's stub (127.0.0.53) cannot be reached from a host's network namespace;
+    resolved keeps the upstream servers in a file of their own.
+    """
+    machine = Path("/etc/resolv.conf").resolve()
+    upstream = Path("/run/systemd/resolve/resolv.conf")
+    if "nameserver 127." in machine.read_text() and upstream.exists():
+        return upstream
+    return machine
+
+
 def _prepare_upper(host: LabHost, lower: Path) -> list[str]:
     """Write the host's own files into its upper layer; return its known_hosts lines."""
     workdir = Path(host.workdir)
@@ -103,7 +120,7 @@ def _prepare_upper(host: LabHost, lower: Path) -> list[str]:
         f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
     )
     (etc / "machine-id").write_text(uuid.uuid4().hex + "\n")
-    shutil.copyfile(Path("/etc/resolv.conf").resolve(), etc / "resolv.conf")
+    shutil.copyfile(_resolv_conf(), etc / "resolv.conf")
 
     known_hosts = []
     ssh_dir = _upper_dir(lower, upper, "etc/ssh")
@@ -129,15 +146,24 @@ def _prepare_upper(host: LabHost, lower: Path) -> list[str]:
 
 
 def _update_known_hosts(address: str, lines: list[str]) -> None:
-    """Replace whatever the lab's known_hosts says about `address` (addresses are reused)."""
+    """Replace what the lab's known_hosts says about `address` (addresses are reused).
+
+    Same lock and atomic replace as vm.py's edits, so hosts of both kinds can start at once.
+    """
     path = state.known_hosts_path()
-    kept = [
-        line for line in (path.read_text().splitlines() if path.exists() else []) if line.split(" ", 1)[0] != address
-    ]
-    path.write_text("".join(f"{line}\n" for line in kept + lines))
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kept = [
+            line
+            for line in (path.read_text().splitlines() if path.exists() else [])
+            if line.split(" ", 1)[0] != address
+        ]
+        tmp = path.with_suffix(".container-tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept + lines))
+        os.replace(tmp, path)
 
 
-def _spawn_supervisor(host: LabHost, lower: Path) -> int:
+def _spawn_supervisor(host: LabHost, lower: Path) -> None:
     """Start the host's supervisor detached from us, wire its network namespace, let it boot."""
     workdir = Path(host.workdir)
     with open(workdir / "console.log", "ab") as log:
@@ -166,43 +192,37 @@ def _spawn_supervisor(host: LabHost, lower: Path) -> int:
         line = handshake.stdout.readline().strip()
         if not line.isdigit():
             raise RuntimeError(f"{host.name}: supervisor failed to start; see {workdir / 'console.log'}")
-        pid = int(line)
-        host.pids = [pid]
-        network.attach(host, pid)
+        host.pids = [int(line)]
+        network.attach(host, host.pids[0])
         handshake.stdin.write(b"go\n")
     handshake.wait()
-    return pid
 
 
 def _ssh_answers(host: LabHost) -> bool:
-    argv = [
-        "ssh",
-        "-i",
-        str(state.ssh_key_path()),
-        "-o",
-        f"UserKnownHostsFile={state.known_hosts_path()}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "ConnectTimeout=2",
-        "-p",
-        str(host.ssh_port),
-        f"{host.ssh_user}@{host.ssh_address}",
-        "true",
-    ]
+    argv = [*remote.ssh_argv(host), "true"]
     return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True).returncode == 0
 
 
-def wait_for_ssh(host: LabHost, timeout_s: float = SSH_TIMEOUT_S) -> None:
+def _wait_for_ssh(host: LabHost, timeout_s: float = SSH_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not _ssh_answers(host):
-        if not _alive(host.pids[0]):
+        if not is_running(host):
             raise RuntimeError(f"{host.name} stopped while booting; see {Path(host.workdir) / 'console.log'}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{host.name}: no SSH at {host.ssh_address} after {timeout_s:.0f} s")
         time.sleep(0.1)
+
+
+def _sync(current: LabState, fresh: LabState) -> None:
+    """Show the caller's state object what the state file says now."""
+    for field in LabState.model_fields:
+        setattr(current, field, getattr(fresh, field))
+
+
+def _record_host(host: LabHost, current: LabState) -> None:
+    with state.locked() as fresh:
+        fresh.hosts = [host if h.name == host.name else h for h in fresh.hosts]
+    _sync(current, fresh)
 
 
 def start(names: list[str], hardware_profile: str, current: LabState) -> list[LabHost]:
@@ -212,24 +232,27 @@ def start(names: list[str], hardware_profile: str, current: LabState) -> list[La
     can undo a start that failed half-way.
     """
     lower = container_rootfs()
-    network.ensure_shared(current)
     started = []
     for name in names:
-        host = LabHost(
-            name=name,
-            kind="container",
-            ssh_address=network.free_address(current),
-            hardware_profile=hardware_profile,
-            workdir=str(lab_dir() / name),
-        )
-        current.hosts.append(host)
-        state.save(current)
+        with state.locked() as fresh:
+            if any(h.name == name for h in fresh.hosts):
+                raise RuntimeError(f"a lab host named {name} exists already")
+            network.ensure_shared(fresh)
+            host = LabHost(
+                name=name,
+                kind="container",
+                ssh_address=network.free_address(fresh),
+                hardware_profile=hardware_profile,
+                workdir=str(lab_dir() / name),
+            )
+            fresh.hosts.append(host)
+        _sync(current, fresh)
         _update_known_hosts(host.ssh_address, _prepare_upper(host, lower))
         _spawn_supervisor(host, lower)
-        state.save(current)
+        _record_host(host, current)
         started.append(host)
     for host in started:
-        wait_for_ssh(host)
+        _wait_for_ssh(host)
     return started
 
 
@@ -239,6 +262,17 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def is_running(host: LabHost) -> bool:
+    """Whether the host's supervisor runs (checked by its command line: PIDs are reused)."""
+    if not host.pids or not _alive(host.pids[0]):
+        return False
+    try:
+        argv = Path(f"/proc/{host.pids[0]}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False
+    return str(SUPERVISOR).encode() in argv and host.name.encode() in argv
 
 
 def _children(pid: int) -> list[int]:
@@ -267,8 +301,13 @@ mount -t cgroup2 cgroup2 "$1"
 tree=$1/ironserve-lab/$2
 if [ -d "$tree" ]; then
     echo 1 >"$tree/cgroup.kill"
-    while grep -q '^populated 1' "$tree/cgroup.events"; do sleep 0.05; done
-    find "$tree" -depth -type d -exec rmdir {} +
+    for _ in $(seq 100); do
+        grep -q '^populated 0' "$tree/cgroup.events" && break
+        sleep 0.05
+    done
+    # Quiet: another `lab down` may be removing the same tree; what counts is that it is gone.
+    find "$tree" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [ ! -d "$tree" ]
 fi
 rmdir "$1/ironserve-lab" 2>/dev/null || true
 """
@@ -282,26 +321,30 @@ rmdir "$1/ironserve-lab" 2>/dev/null || true
 
 def stop(host: LabHost, current: LabState) -> None:
     """Power the host off (SIGKILL for all of it after a timeout) and remove all trace of it."""
-    supervisor = host.pids[0] if host.pids else None
-    if supervisor and _alive(supervisor):
-        init = _init_pid(supervisor)
+    if is_running(host):
+        init = _init_pid(host.pids[0])
         if init:
             os.kill(init, signal.SIGRTMIN + 4)  # systemd's "power button": poweroff.target
         deadline = time.monotonic() + POWEROFF_TIMEOUT_S
-        while _alive(supervisor) and time.monotonic() < deadline:
+        while is_running(host) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(supervisor):
+        if is_running(host):
             print(f"lab: {host.name} did not power off in {POWEROFF_TIMEOUT_S:.0f} s; killing it", file=sys.stderr)
     _cgroup_cleanup(host)
     network.detach(host)
     _update_known_hosts(host.ssh_address, [])
     shutil.rmtree(host.workdir, ignore_errors=True)
-    current.hosts = [h for h in current.hosts if h.name != host.name]
-    state.save(current)
+    with state.locked() as fresh:
+        fresh.hosts = [h for h in fresh.hosts if h.name != host.name]
+    _sync(current, fresh)
 
 
 def teardown_shared(current: LabState) -> None:
-    """Undo what all container hosts shared (bridge, NAT, forwarding); a no-op while any is left."""
-    if any(h.kind == "container" for h in current.hosts):
-        return
-    network.teardown_shared(current)
+    """Undo what all container hosts shared (bridge, NAT, forwarding); a no-op while any is left.
+
+    Decided on the state file, not on `current`: someone else may have started a host meanwhile.
+    """
+    with state.locked() as fresh:
+        if not any(h.kind == "container" for h in fresh.hosts):
+            network.teardown_shared(fresh)
+    _sync(current, fresh)

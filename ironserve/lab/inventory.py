@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ironserve.lab import state
+from ironserve.paths import lab_dir
 
 HostEntry = tuple[str, dict[str, Any]]
 
@@ -23,6 +24,9 @@ def _entry(host: state.LabHost) -> HostEntry:
         # A container's kernel is the machine's: never reboot it. VMs prove the reboot for real.
         "host_tuning_reboot_policy": "auto" if host.kind == "vm" else "defer",
     }
+    if host.extra.get("redfish_url"):  # the simulated iDRAC beside the host (ironserve/lab/edge.py)
+        data["bios_redfish_address"] = host.extra["redfish_url"]
+        data["bios_credentials_file"] = str(lab_dir() / "redfish-credentials")
     return host.name, data
 
 

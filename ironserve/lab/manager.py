@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Collection
 
-from ironserve.lab import container, remote, state, vm
+from ironserve.lab import container, edge, remote, state, vm
 from ironserve.lab.hardware import load_profile
 from ironserve.lab.state import LabHost
 
@@ -29,16 +30,21 @@ def up(hosts: int, use_vm: bool, hardware_profile: str) -> list[LabHost]:
     names = [f"{prefix}{i}" for i in range(1, 100) if f"{prefix}{i}" not in taken][:hosts]
     backend = vm if use_vm else container
     started: list[LabHost] = backend.start(names, hardware_profile, current)
+    for host in started:
+        edge.attach(host)  # simulated hardware: stand-in lspci/dmidecode/lscpu, a Redfish iDRAC (issue 3)
     return started
 
 
-def down() -> None:
+def down(names: Collection[str] | None = None) -> None:
+    """Stop the named hosts (all when None), then what the hosts shared once none is left."""
     current = state.load()
-    for host in list(current.hosts):
+    for host in [h for h in current.hosts if names is None or h.name in names]:
+        edge.detach(host)
         (vm if host.kind == "vm" else container).stop(host, current)
     container.teardown_shared(current)
     vm.teardown_shared(current)
-    state.save(state.LabState())
+    if names is None:
+        state.save(state.LabState())
 
 
 def ssh(name: str, command: list[str]) -> int:

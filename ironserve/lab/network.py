@@ -75,6 +75,8 @@ def _forward_policy_drops() -> bool:
 def ensure_shared(current: LabState) -> None:
     """Create the bridge, forwarding and NAT unless they exist; record each before applying it.
 
+    `current` must be the state held under `state.locked()`.
+
     `nat_rules` holds the command that created each firewall change; teardown runs its inverse.
     """
     if _link_exists(BRIDGE):
@@ -113,7 +115,10 @@ def _undo_firewall_change(command: list[str]) -> None:
 
 
 def teardown_shared(current: LabState) -> None:
-    """Remove the bridge and the NAT and restore forwarding; each step tolerates a half setup."""
+    """Remove the bridge and the NAT and restore forwarding; each step tolerates a half setup.
+
+    `current` must be the state held under `state.locked()`, which saves what is left on record.
+    """
     if _link_exists(BRIDGE):
         _run("ip", "link", "del", BRIDGE)
     for command in [c for c in current.nat_rules if c in (NFT_CREATE, *FORWARD_RULES)]:
@@ -121,7 +126,6 @@ def teardown_shared(current: LabState) -> None:
         current.nat_rules.remove(command)
     if IP_FORWARD in current.restore_sysctls:
         _sysctl_path(IP_FORWARD).write_text(current.restore_sysctls.pop(IP_FORWARD) + "\n")
-    state.save(current)
 
 
 def free_address(current: LabState) -> str:

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -333,9 +334,22 @@ def make_server(root: Path, port: int, credentials_file: Path, sync_command: str
     return server
 
 
-def serve(root: Path, port: int, credentials_file: Path, sync_command: str | None) -> None:
+def _exit_with(pid: int, server: Any) -> None:
+    """Stop serving once the lab host's process `pid` is gone, however the host was stopped."""
+    while True:
+        time.sleep(1)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            server.shutdown()
+            return
+
+
+def serve(root: Path, port: int, credentials_file: Path, sync_command: str | None, watch_pid: int | None) -> None:
     server = make_server(root, port, credentials_file, sync_command)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if watch_pid:
+        threading.Thread(target=_exit_with, args=(watch_pid, server), daemon=True).start()
     server.serve_forever()
 
 
@@ -346,8 +360,13 @@ def free_port() -> int:
         return port
 
 
-def start(profile: str, workdir: Path, credentials_file: Path, sync_command: str | None = None) -> tuple[int, int]:
-    """Generate the tree for `profile` under `workdir` and serve it on 127.0.0.1; return (pid, port)."""
+def start(
+    profile: str, workdir: Path, credentials_file: Path, sync_command: str | None = None, watch_pid: int | None = None
+) -> tuple[int, int]:
+    """Generate the tree for `profile` under `workdir` and serve it on 127.0.0.1; return (pid, port).
+
+    With `watch_pid` (the lab host's supervisor) the emulator exits by itself when the host is gone.
+    """
     tree = workdir / "redfish"
     build_tree(load_profile(profile), tree)
     port = free_port()
@@ -364,7 +383,9 @@ def start(profile: str, workdir: Path, credentials_file: Path, sync_command: str
     ]
     if sync_command:
         argv += ["--sync", sync_command]
-    with open(workdir / "redfish.log", "ab") as log:
+    if watch_pid:
+        argv += ["--watch-pid", str(watch_pid)]
+    with open(workdir / "redfish.log", "wb") as log:  # one log per emulator run
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + 15
     while True:
@@ -407,8 +428,9 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--credentials-file", type=Path, required=True)
     parser.add_argument("--sync", help="shell command run after a reset, the BIOS attributes as JSON on stdin")
+    parser.add_argument("--watch-pid", type=int, help="exit when this process (the lab host) is gone")
     args = parser.parse_args()
-    serve(args.tree, args.port, args.credentials_file, args.sync)
+    serve(args.tree, args.port, args.credentials_file, args.sync, args.watch_pid)
     return 0
 
 

@@ -7,8 +7,11 @@ the same truth.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -73,3 +76,18 @@ def save(state: LabState) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state.model_dump(), indent=2) + "\n")
     os.replace(tmp, path)
+
+
+@contextmanager
+def locked() -> Iterator[LabState]:
+    """The state, loaded under an exclusive lock and saved when the block ends without error.
+
+    `lab` commands and test sessions may run at once; each read-modify-write of the file goes
+    through here, so none overwrites what another recorded meanwhile. Save inside the block
+    too where a change must be on record before it is made.
+    """
+    with open(lab_dir() / "state.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current = load()
+        yield current
+        save(current)

@@ -28,7 +28,7 @@ from ironserve.lab.hardware import load_profile
 from ironserve.lab.state import LabHost, LabState
 from ironserve.paths import lab_dir
 
-BOOT_TIMEOUT_S = 300  # measured ~20 s alone; generous for a busy 2-core CI runner
+BOOT_TIMEOUT_S = 300  # measured 40-50 s on 2 cores shared with other work; generous for CI
 POWEROFF_TIMEOUT_S = 60
 MEMORY_MIB = 1024
 CPUS = 2
@@ -55,15 +55,19 @@ def missing_prerequisites() -> list[str]:
 def start(names: list[str], hardware_profile: str, current: LabState) -> list[LabHost]:
     """Boot one VM per name, one after another, and wait until each answers SSH.
 
-    Each host is saved to the lab state as soon as its qemu runs, so `lab down`
-    can stop it even when a later step fails.
+    Each host is recorded in the lab state as soon as its qemu runs, so `lab down` can stop
+    it even when a later step fails. State changes go through `state.locked()` (other lab
+    commands and test sessions may run at once) and are copied back into `current`.
     """
     base = vmimage.base_image()
     started = []
     for name in names:
-        host = _launch(name, hardware_profile, base, _taken_ports(current))
-        current.hosts.append(host)
-        state.save(current)
+        with state.locked() as fresh:
+            if any(h.name == name for h in fresh.hosts):
+                raise RuntimeError(f"a lab host named {name} exists already")
+            host = _launch(name, hardware_profile, base, _taken_ports(fresh))
+            fresh.hosts.append(host)
+        _sync(current, fresh)
         try:
             remote.wait_for_ssh(host, BOOT_TIMEOUT_S, still_running=partial(is_running, host))
         except (TimeoutError, RuntimeError) as failure:
@@ -77,7 +81,7 @@ def start(names: list[str], hardware_profile: str, current: LabState) -> list[La
 
 
 def stop(host: LabHost, current: LabState) -> None:
-    """Power the VM off (kill it when it does not go), remove its overlay and forget its host key."""
+    """Power the VM off (kill it when it does not go), remove its overlay and forget its host keys."""
     if is_running(host):
         # The connection drops as the guest shuts down; the process exit is what counts.
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
@@ -88,13 +92,14 @@ def stop(host: LabHost, current: LabState) -> None:
             os.kill(pid, signal.SIGKILL)
             _wait_for_exit(pid, 10)
     _forget_host_keys(host.ssh_port)
-    workdir = Path(host.workdir)
     # The console log stays for post-mortems; the next start of this name replaces it.
-    for leftover in workdir.glob("*"):
-        if leftover.name != "console.log":
-            leftover.unlink()
-    current.hosts = [h for h in current.hosts if h.name != host.name]
-    state.save(current)
+    if host.workdir:
+        for leftover in Path(host.workdir).glob("*"):
+            if leftover.name != "console.log":
+                leftover.unlink()
+    with state.locked() as fresh:
+        fresh.hosts = [h for h in fresh.hosts if h.name != host.name]
+    _sync(current, fresh)
 
 
 def teardown_shared(current: LabState) -> None:
@@ -195,6 +200,12 @@ def _launch(name: str, hardware_profile: str, base: Path, taken_ports: set[int])
         workdir=str(workdir),
         extra={"console_log": str(workdir / "console.log")},
     )
+
+
+def _sync(current: LabState, fresh: LabState) -> None:
+    """Show the caller's state object what the state file says now."""
+    for field in LabState.model_fields:
+        setattr(current, field, getattr(fresh, field))
 
 
 def _taken_ports(current: LabState) -> set[int]:

@@ -93,28 +93,29 @@ def reboot_for_kernel_args(args: tuple[str, ...], policy: str, timeout_s: int): 
         yield FunctionCommand(_prove_reboot, (boot_ids, args), {})
 
 
-def _read(state, pyinfra_host, command: str) -> str:  # type: ignore[no-untyped-def]
-    status, output = pyinfra_host.run_shell_command(command)
+def _read(host, command: str) -> str:  # type: ignore[no-untyped-def]
+    status, output = host.run_shell_command(command)
     if not status:
-        raise OperationError(f"{command!r} failed on {pyinfra_host.name}")
+        raise OperationError(f"{command!r} failed on {host.name}")
     return "\n".join(output.stdout_lines).strip()
 
 
-def _record_boot_id(state, pyinfra_host, boot_ids: list[str]) -> bool:  # type: ignore[no-untyped-def]
-    boot_ids.append(_read(state, pyinfra_host, "cat /proc/sys/kernel/random/boot_id"))
+# pyinfra passes (state, host) to a FunctionCommand only when its parameters carry exactly those names.
+def _record_boot_id(state, host, boot_ids: list[str]) -> bool:  # type: ignore[no-untyped-def]
+    boot_ids.append(_read(host, "cat /proc/sys/kernel/random/boot_id"))
     return True
 
 
-def _prove_reboot(state, pyinfra_host, boot_ids: list[str], args: tuple[str, ...]) -> bool:  # type: ignore[no-untyped-def]
+def _prove_reboot(state, host, boot_ids: list[str], args: tuple[str, ...]) -> bool:  # type: ignore[no-untyped-def]
     """The reboot happened (new boot id) and took effect (arguments live, cgroup2 mounted)."""
-    boot_id = _read(state, pyinfra_host, "cat /proc/sys/kernel/random/boot_id")
+    boot_id = _read(host, "cat /proc/sys/kernel/random/boot_id")
     if boot_id == boot_ids[0]:
         raise OperationError("reboot not proven: the boot id did not change")
-    missing = missing_kernel_args(_read(state, pyinfra_host, "cat /proc/cmdline").split(), args)
+    missing = missing_kernel_args(_read(host, "cat /proc/cmdline").split(), args)
     if missing:
         raise OperationError(f"rebooted, but the kernel still lacks {' '.join(missing)}")
     if "systemd.unified_cgroup_hierarchy=1" in args:
-        fs_type = _read(state, pyinfra_host, "stat -fc %T /sys/fs/cgroup")
+        fs_type = _read(host, "stat -fc %T /sys/fs/cgroup")
         if fs_type != "cgroup2fs":
             raise OperationError(f"rebooted, but /sys/fs/cgroup is {fs_type}, not cgroup2fs")
     return True
@@ -130,7 +131,13 @@ def _time_sync(settings: HostTuning) -> None:
             create_remote_dir=True,
             settings=settings,
         )
-    systemd.service(name="Enable systemd-timesyncd", service="systemd-timesyncd.service", enabled=True)
+    # timesyncd refuses to run in a container (ConditionVirtualization=!container): the machine keeps its clock.
+    systemd.service(
+        name="Enable systemd-timesyncd",
+        service="systemd-timesyncd.service",
+        enabled=True,
+        running=None if host.get_fact(ContainerKind) else True,
+    )
 
 
 @deploy("Host tuning", data_defaults=DEFAULTS)

@@ -74,9 +74,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         detail = str(report.longrepr[-1]) if report.skipped and isinstance(report.longrepr, tuple) else None
         results = item.config.stash[RESULTS][host_name]
         for invariant in marker_ids:
-            previous = results.get(invariant)
-            if previous is None or SEVERITY[status] < SEVERITY[previous["status"]]:
-                results[invariant] = {"status": status, "observed": observed, "test": item.name, "reason": detail}
+            result = results.setdefault(invariant, {"status": status, "observed": observed, "test": item.name})
+            if SEVERITY[status] < SEVERITY[result["status"]]:
+                result.update(status=status, observed=observed, test=item.name)
+            if detail:
+                # A pass on one host aspect never hides that another was not checked here, and why.
+                result.setdefault("skipped", []).append(f"{item.name}: {detail}")
     return report
 
 

@@ -1,4 +1,74 @@
-"""Fixtures for lab tests."""
+"""Lab fixtures: `container_hosts` (here) and `vm_host` (conftest_vm.py).
 
-# --- VM lab hosts (ironserve/lab/vm.py): the session-scoped `vm_host` fixture ---
-from tests.lab.conftest_vm import vm_host  # noqa: F401
+Both register their hosts in the lab state like `ironserve lab up`, so `ironserve lab down`
+removes them if a run is killed; each stops only the hosts it started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from ironserve.lab import manager, state
+from ironserve.lab.hardware import DEFAULT_PROFILE
+from ironserve.lab.state import LabHost
+from tests.lab.conftest_vm import vm_host
+
+__all__ = ["container_hosts", "vm_host"]
+
+CONTAINER_HOSTS = 2
+CONTAINER_TOOLS = ["debootstrap", "unshare", "nsenter", "ip", "nft", "ssh", "ssh-keygen"]
+
+
+def container_lab_unavailable() -> str | None:
+    """Why container lab hosts cannot start here, or None."""
+    if os.geteuid() != 0:
+        return "container lab hosts need root (namespaces, mounts, veth, NAT)"
+    missing = [tool for tool in CONTAINER_TOOLS if not shutil.which(tool)]
+    if missing:
+        return f"container lab hosts need {', '.join(missing)} (apt-get install debootstrap nftables ...)"
+    return None
+
+
+def skip_without_container_lab() -> None:
+    """Skip, saying why; IRONSERVE_REQUIRE_LAB=1 (CI) turns that into a failure."""
+    reason = container_lab_unavailable()
+    if reason:
+        if os.environ.get("IRONSERVE_REQUIRE_LAB") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@contextmanager
+def lab_containers(count: int) -> Iterator[list[LabHost]]:
+    """`count` hosts from `manager.up`, stopped with `manager.down` afterwards, and only those.
+
+    The machine may run other lab hosts meanwhile (someone's `lab up`, other test sessions).
+    After a failed start, the lab-c hosts recorded since are stopped: manager.up names them so.
+    """
+    skip_without_container_lab()
+    names_before = {h.name for h in state.load().hosts}
+    hosts: list[LabHost] = []
+    try:
+        hosts = manager.up(count, use_vm=False, hardware_profile=DEFAULT_PROFILE)
+        yield hosts
+    finally:
+        if hosts:
+            mine = {h.name for h in hosts}
+        else:
+            mine = {h.name for h in state.load().hosts if h.name.startswith("lab-c")} - names_before
+        manager.down(mine)
+
+
+@pytest.fixture(scope="session")
+def container_hosts() -> Iterator[list[LabHost]]:
+    """CONTAINER_HOSTS running container lab hosts (default hardware profile), stopped after the session.
+
+    Tests that change a host must put it back, or change only what later tests do not read.
+    """
+    with lab_containers(CONTAINER_HOSTS) as hosts:
+        yield hosts

@@ -1,7 +1,8 @@
 """The `vm_host` fixture: one lab VM for the whole test session.
 
-Loaded from tests/lab/conftest.py. The VM is registered in the lab state like any
-`ironserve lab up --vm` host, so `ironserve lab down` removes it if a run is killed.
+Started with `manager.up` like `ironserve lab up --vm` (so it has the simulated hardware
+edge and is in the lab state: `ironserve lab down` removes it if a run is killed), and
+stopped with `manager.down` by name, leaving other lab hosts on this machine alone.
 """
 
 from __future__ import annotations
@@ -16,17 +17,12 @@ from ironserve.lab.hardware import DEFAULT_PROFILE
 from ironserve.lab.state import LabHost
 
 
-def _unused_name(current: state.LabState) -> str:
-    taken = {h.name for h in current.hosts}
-    return next(f"pytest-vm{i}" for i in range(1, 100) if f"pytest-vm{i}" not in taken)
-
-
 @pytest.fixture(scope="session")
 def vm_host() -> Iterator[LabHost]:
     """A running VM lab host with the default hardware profile, stopped after the session.
 
     Skips, saying why, where VMs cannot start; IRONSERVE_REQUIRE_VM=1 (CI) turns that into a failure.
-    Tests that change the VM must put it back (kernel command line, modules, sysctls).
+    Tests share this VM: whatever a test changes and later tests do not expect, it puts back.
     """
     missing = vm.missing_prerequisites()
     if missing:
@@ -34,10 +30,14 @@ def vm_host() -> Iterator[LabHost]:
         if os.environ.get("IRONSERVE_REQUIRE_VM") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
-    manager.ensure_ssh_key()
-    current = state.load()
-    [host] = vm.start([_unused_name(current)], DEFAULT_PROFILE, current)
+    names_before = {h.name for h in state.load().hosts}
+    hosts: list[LabHost] = []
     try:
-        yield host
+        hosts = manager.up(1, use_vm=True, hardware_profile=DEFAULT_PROFILE)
+        yield hosts[0]
     finally:
-        vm.stop(host, state.load())
+        # After a failed start, the lab-vm hosts recorded since are ours (manager.up names them so).
+        mine = {h.name for h in hosts} or {
+            h.name for h in state.load().hosts if h.name.startswith("lab-vm")
+        } - names_before
+        manager.down(mine)

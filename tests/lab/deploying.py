@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 
+from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -25,9 +27,18 @@ def _count(text: str) -> int:
     return 0 if text == "-" else int(text)
 
 
-def deploy(inventory: str = "inventory/lab.py", *pyinfra_args: str) -> DeployResult:
+def _limits(hosts: list[LabHost]) -> list[str]:
+    # Other lab hosts may run meanwhile (someone's `lab up`); touch only the test's own.
+    return [arg for host in hosts for arg in ("--limit", host.name)]
+
+
+def deploy(hosts: list[LabHost], inventory: str = "inventory/lab.py") -> DeployResult:
     result = subprocess.run(
-        ["ironserve", "deploy", inventory, *pyinfra_args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800
+        [sys.executable, "-m", "ironserve", "deploy", *_limits(hosts), inventory],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     output = ANSI.sub("", result.stdout + result.stderr)
     match = GRAND_TOTAL.search(output)
@@ -37,7 +48,11 @@ def deploy(inventory: str = "inventory/lab.py", *pyinfra_args: str) -> DeployRes
     return DeployResult(result.returncode, changed, errors, unchanged, output)
 
 
-def verify(inventory: str = "inventory/lab.py", *pytest_args: str) -> subprocess.CompletedProcess[str]:
+def verify(hosts: list[LabHost], *pytest_args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["ironserve", "verify", inventory, *pytest_args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "ironserve", "verify", *_limits(hosts), "inventory/lab.py", *pytest_args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )

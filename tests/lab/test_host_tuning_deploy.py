@@ -7,6 +7,7 @@ over real SSH; only the hardware is simulated (not used by this role).
 from __future__ import annotations
 
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -23,7 +24,7 @@ SYSCTL_FILE = "/etc/sysctl.d/90-ironserve.conf"
 
 @pytest.fixture(scope="module")
 def converged(container_hosts: list[LabHost]) -> list[LabHost]:
-    first = deploy()
+    first = deploy(container_hosts)
     assert first.returncode == 0, first.output
     assert first.changed > 0, first.output
     return container_hosts
@@ -45,7 +46,7 @@ def test_kernel_global_keys_are_persisted_not_forced_in_a_container(converged: l
 
 
 def test_second_deploy_reports_zero_changes(converged: list[LabHost]) -> None:
-    again = deploy()
+    again = deploy(converged)
     assert again.returncode == 0, again.output
     assert (again.changed, again.errors) == (0, 0), again.output
 
@@ -57,7 +58,7 @@ def test_drift_is_restored_and_gate_passes(converged: list[LabHost]) -> None:
     remote.run(host, f"sed -i 's/^net.core.rmem_max = .*/net.core.rmem_max = 1000/' {SYSCTL_FILE}")
     remote.run(host, "systemctl disable systemd-timesyncd")
 
-    restored = deploy()
+    restored = deploy(converged)
     assert restored.returncode == 0, restored.output
     assert restored.changed >= 4, restored.output
     assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "0"
@@ -65,20 +66,20 @@ def test_drift_is_restored_and_gate_passes(converged: list[LabHost]) -> None:
     assert "net.core.rmem_max = 26214400" in remote.run(host, f"cat {SYSCTL_FILE}")
     assert remote.run(host, "systemctl is-enabled systemd-timesyncd").strip() == "enabled"
 
-    gate = verify()
+    gate = verify(converged)
     assert gate.returncode == 0, gate.stdout + gate.stderr
-    assert deploy().changed == 0
+    assert deploy(converged).changed == 0
 
 
 def test_gate_fails_on_drift(converged: list[LabHost], tmp_path: Path) -> None:
     host = converged[0]
     remote.run(host, "sysctl -w net.ipv4.tcp_slow_start_after_idle=1")
     try:
-        gate = verify("inventory/lab.py", "-k", "tcp_slow_start")
+        gate = verify([host], "-k", "tcp_slow_start")
         assert gate.returncode != 0
         assert "net.ipv4.tcp_slow_start_after_idle" in gate.stdout
     finally:
-        assert deploy().returncode == 0
+        assert deploy(converged).returncode == 0
 
 
 def _inventory(tmp_path: Path, host: LabHost, extra: str) -> str:
@@ -98,7 +99,7 @@ def test_invalid_inventory_stops_before_any_host_is_touched(converged: list[LabH
     host = converged[0]
     remote.run(host, "sysctl -w net.ipv4.tcp_slow_start_after_idle=1")  # drift that a deploy would fix
     try:
-        bad = deploy(_inventory(tmp_path, host, '"host_tuning_sysctls": {"net.core.rmem_max": "lots"}'))
+        bad = deploy([host], _inventory(tmp_path, host, '"host_tuning_sysctls": {"net.core.rmem_max": "lots"}'))
         assert bad.returncode == 2
         assert (
             f"host {host.name}: host_tuning_sysctls: net.core.rmem_max: expected a non-negative integer" in bad.output
@@ -106,7 +107,7 @@ def test_invalid_inventory_stops_before_any_host_is_touched(converged: list[LabH
         assert "no host was contacted" in bad.output
         assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "1"
     finally:
-        assert deploy().returncode == 0
+        assert deploy(converged).returncode == 0
 
 
 def test_pyinfra_direct_run_with_bad_data_changes_nothing(converged: list[LabHost], tmp_path: Path) -> None:
@@ -116,10 +117,14 @@ def test_pyinfra_direct_run_with_bad_data_changes_nothing(converged: list[LabHos
     try:
         inventory = _inventory(tmp_path, host, '"host_tuning_reboot_policy": "sometimes"')
         run = subprocess.run(
-            ["pyinfra", "-y", inventory, "deploy.py"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+            [sys.executable, "-m", "pyinfra", "-y", inventory, "deploy.py"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert run.returncode != 0
         assert "host_tuning_reboot_policy" in run.stdout + run.stderr
         assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "1"
     finally:
-        assert deploy().returncode == 0
+        assert deploy(converged).returncode == 0

@@ -80,6 +80,7 @@ def test_wait_for_reboot_sees_a_reboot_started_elsewhere(vm_host: LabHost) -> No
     # As a role would: schedule the reboot so the command returns before SSH drops.
     remote.run(vm_host, "systemd-run --on-active=2 systemctl reboot")
     assert vm.wait_for_reboot(vm_host, old_boot_id) != old_boot_id
+    assert vm.is_running(vm_host), "a guest reboot must reset the same qemu process, not end it"
 
 
 def test_modprobe_br_netfilter(vm_host: LabHost) -> None:

@@ -35,6 +35,12 @@ mkdir "$root/dev/pts" "$root/dev/shm"
 mount -t devpts -o newinstance,nosuid,noexec,ptmxmode=0666,mode=620,gid=5 devpts "$root/dev/pts"
 ln -s pts/ptmx "$root/dev/ptmx"
 
+# A boot ID of its own, new at every boot as nspawn does: the kernel's is the machine's, and
+# "the boot ID changed" is how a reboot is told from SSH merely answering again.
+cat /proc/sys/kernel/random/uuid >"$root/dev/.boot_id"
+mount --bind -o ro "$root/dev/.boot_id" "$root/proc/sys/kernel/random/boot_id"
+rm "$root/dev/.boot_id"
+
 hostname "$name"
 cd "$root"
 pivot_root . .

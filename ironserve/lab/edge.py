@@ -1,0 +1,111 @@
+"""The simulated hardware edge of a lab host: stand-in tools inside it, a Redfish iDRAC beside it.
+
+`attach` installs the stand-in `lspci`, `dmidecode` and `lscpu` (ironserve/lab/standins.py) under
+/usr/local/bin with the host's hardware profile as JSON, and starts one Redfish emulator per host on this
+machine's 127.0.0.1 (the admin side, like a real iDRAC on the management network). After a Redfish reset
+the emulator writes the applied BIOS attributes into the host, so the stand-ins show the change.
+`detach` stops the emulator. Both are idempotent; the emulator's pid and URL live in the lab state.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import secrets
+import shlex
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+from ironserve.lab import redfish_emulator, remote, state
+from ironserve.lab.hardware import load_profile
+from ironserve.lab.state import LabHost
+from ironserve.paths import lab_dir
+
+STANDINS = Path(__file__).resolve().parent / "standins.py"
+REMOTE_LIB = "/usr/local/lib/ironserve-lab/standins.py"
+HARDWARE_JSON = "/etc/ironserve-lab/hardware.json"
+BIOS_JSON = "/etc/ironserve-lab/bios.json"
+TOOLS = ("lspci", "dmidecode", "lscpu")
+
+
+def credentials_file() -> Path:
+    """The lab iDRAC's `user:password` (random, outside the repository, created once)."""
+    path = lab_dir() / "redfish-credentials"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(f"root:{secrets.token_urlsafe(18)}\n")
+    return path
+
+
+def _archive(files: dict[str, tuple[str, int]]) -> bytes:
+    """A tar archive of absolute paths -> (content, mode), extracted on the host with `tar -x -C /`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path, (content, mode) in files.items():
+            data = content.encode()
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def install_standins(host: LabHost, attempts: int = 3) -> None:
+    files = {
+        HARDWARE_JSON: (json.dumps(load_profile(host.hardware_profile).model_dump(), indent=1) + "\n", 0o644),
+        REMOTE_LIB: (STANDINS.read_text(), 0o644),
+        **{f"/usr/local/bin/{tool}": (f'#!/bin/sh\nexec python3 {REMOTE_LIB} {tool} "$@"\n', 0o755) for tool in TOOLS},
+    }
+    archive = _archive(files)
+    # A fresh emulator starts from the profile's BIOS, so the host forgets any earlier applied state.
+    command = f"rm -f {BIOS_JSON} && tar -x --no-same-owner -C / -f -"
+    for attempt in range(attempts):
+        result = subprocess.run([*remote.ssh_argv(host), command], input=archive, capture_output=True, timeout=60)
+        if result.returncode == 0:
+            return
+        if attempt + 1 < attempts:
+            time.sleep(1)  # a host that just booted may drop the first sessions
+    raise RuntimeError(f"{host.name}: installing the stand-in tools failed: {result.stderr.decode().strip()}")
+
+
+def _running(host: LabHost) -> bool:
+    pid = host.extra.get("redfish_pid")
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"ironserve.lab.redfish_emulator" in cmdline
+
+
+def attach(host: LabHost, credentials: Path | None = None) -> LabHost:
+    """Give `host` its stand-in tools and a running Redfish emulator; record it in the lab state.
+
+    `credentials` (a `user:password` file) replaces the lab's shared one for this host's iDRAC.
+    """
+    install_standins(host)
+    if not _running(host):
+        workdir = lab_dir() / f"{host.name}-idrac"
+        workdir.mkdir(parents=True, exist_ok=True)
+        sync = shlex.join([*remote.ssh_argv(host), f"cat > {BIOS_JSON}"])
+        pid, port = redfish_emulator.start(
+            host.hardware_profile, workdir, credentials or credentials_file(), sync, host.pids[0] if host.pids else None
+        )
+        host.extra["redfish_pid"] = str(pid)
+        host.extra["redfish_url"] = f"http://127.0.0.1:{port}"
+    current = state.load()
+    for known in current.hosts:
+        if known.name == host.name:
+            known.extra.update(host.extra)
+    state.save(current)
+    return host
+
+
+def detach(host: LabHost) -> None:
+    """Stop the host's Redfish emulator (only the process this module started, by its recorded pid)."""
+    if _running(host):
+        redfish_emulator.stop(int(host.extra["redfish_pid"]))
+    host.extra.pop("redfish_pid", None)
+    host.extra.pop("redfish_url", None)

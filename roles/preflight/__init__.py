@@ -1,0 +1,117 @@
+"""Hardware preflight: refuse to build on a host that is physically wrong, and say what to change.
+
+Reads the host (dmidecode, lscpu, lspci -vvv, sysfs NUMA, IOMMU) and what roles/bios read from the
+iDRAC, runs the profile's checks (ironserve/preflight.py) and writes a report per host (text for
+people, JSON for tools). A failing check stops this host before any other operation runs on it, unless
+the inventory names it in preflight_overrides. A passing host gets no operation at all (zero changes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyinfra.api.command import FunctionCommand
+from pyinfra.api.deploy import deploy
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.facts import FactBase
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from ironserve.hwfacts import CpuSockets, DmiString, IommuFacts, PciDevices, PciNumaNodes, PowerSupplies
+from ironserve.preflight import HostObservation, PreflightReport, evaluate
+from roles import bios as bios_role
+from roles.preflight.defaults import DEFAULTS
+
+if TYPE_CHECKING:  # the config model imports this package's defaults
+    from ironserve.config import StackConfig
+
+FACTS: dict[str, tuple[type[FactBase[Any]], dict[str, str]]] = {
+    "product": (DmiString, {"keyword": "system-product-name"}),
+    "bios_version": (DmiString, {"keyword": "bios-version"}),
+    "cpu_sockets": (CpuSockets, {}),
+    "devices": (PciDevices, {}),
+    "sysfs_numa": (PciNumaNodes, {}),
+    "power_supplies": (PowerSupplies, {}),
+    "iommu": (IommuFacts, {}),
+}
+
+
+# What a fact that could not be read counts as: nothing seen, so the checks fail and say so.
+EMPTY: dict[str, Any] = {"devices": [], "sysfs_numa": {}, "power_supplies": []}
+
+
+def observe_facts() -> HostObservation:
+    """The host's hardware through pyinfra facts (gathered while operations are prepared)."""
+    values: dict[str, Any] = {}
+    for key, (fact, kwargs) in FACTS.items():
+        value = host.get_fact(fact, **kwargs)
+        values[key] = EMPTY[key] if value is None and key in EMPTY else value
+    return HostObservation(**values)
+
+
+def observe_now(pyinfra_host: Any) -> HostObservation:
+    """The same facts read again now (after a BIOS change during this run), with the same parsers."""
+    values = {}
+    for key, (fact, kwargs) in FACTS.items():
+        instance = fact()
+        status, output = pyinfra_host.run_shell_command(instance.command(**kwargs))
+        if not status:
+            raise OperationError(f"preflight: reading {key} failed on {pyinfra_host.name}")
+        values[key] = instance.process(output.stdout_lines)
+    return HostObservation(**values)
+
+
+def write_report(report: PreflightReport, folder: str) -> Path:
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{report.host}.json").write_text(report.to_json())
+    (path / f"{report.host}.txt").write_text(report.to_text())
+    return path / f"{report.host}.txt"
+
+
+def _gate(state, host, config: StackConfig, observed: HostObservation) -> bool:  # type: ignore[no-untyped-def]
+    """Runs when the operation executes: judge (after any BIOS apply), write the report, stop a failed host."""
+    if host.name in bios_role.APPLYING:
+        observed = observe_now(host)
+    report = evaluate(
+        host.name,
+        config.profile,
+        observed,
+        bios_role.observation(host.name),
+        config.preflight.overrides,
+    )
+    path = write_report(report, config.preflight.report_dir)
+    if not report.passed:
+        lines = [
+            f"{c.name}: expected {c.expected}, observed {c.observed}. What to do: {c.advice}" for c in report.failures
+        ]
+        raise OperationError(
+            f"preflight failed, nothing else runs on this host (report: {path}):\n  " + "\n  ".join(lines)
+        )
+    return True
+
+
+@operation()
+def preflight_gate(config: StackConfig, observed: HostObservation, failing: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """Stop this host unless every check passes (or is overridden); `failing` names the checks failing now."""
+    yield FunctionCommand(_gate, (config, observed), {})
+
+
+@deploy("Hardware preflight", data_defaults=DEFAULTS)
+def preflight(config: StackConfig) -> None:
+    observed = observe_facts()
+    report = evaluate(host.name, config.profile, observed, bios_role.observation(host.name), config.preflight.overrides)
+    if report.passed and host.name not in bios_role.APPLYING:
+        path = write_report(report, config.preflight.report_dir)
+        overridden = [c.name for c in report.checks if c.overridden]
+        host.noop(
+            f"preflight passed (report {path})" + (f"; overridden: {', '.join(overridden)}" if overridden else "")
+        )
+        return
+    preflight_gate(
+        name="Hardware preflight gate",
+        config=config,
+        observed=observed,
+        failing=tuple(c.name for c in report.failures),
+    )
