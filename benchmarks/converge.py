@@ -1,4 +1,4 @@
-"""Print how long convergence takes on lab container hosts: boot-to-SSH, first deploy, no-op re-run.
+"""Print how long convergence takes on lab container hosts: lab up (boot-to-SSH), first deploy, no-op re-run.
 
 Usage: python benchmarks/converge.py [--sizes 1 4]
 Starts and stops its own lab hosts (others keep running). Figures only; no assertions.
@@ -10,31 +10,35 @@ import argparse
 import time
 
 from ironserve.lab import manager
+from ironserve.lab.deploying import deploy
 from ironserve.lab.hardware import DEFAULT_PROFILE
-from tests.lab.deploying import deploy
 
 
-def timed(action):  # type: ignore[no-untyped-def]
+def measure(size: int) -> str:
     started = time.monotonic()
-    result = action()
-    return result, time.monotonic() - started
+    hosts = manager.up(size, use_vm=False, hardware_profile=DEFAULT_PROFILE)
+    lab_up = time.monotonic() - started
+    try:
+        started = time.monotonic()
+        first = deploy(hosts)
+        first_s = time.monotonic() - started
+        started = time.monotonic()
+        again = deploy(hosts)
+        again_s = time.monotonic() - started
+        if first.returncode or again.returncode:
+            raise SystemExit(first.output + again.output)
+        return f"{size:>5} {lab_up:>10.1f} {first_s:>15.1f} {again_s:>15.1f} {again.changed:>15}"
+    finally:
+        manager.down({h.name for h in hosts})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4])
     sizes = parser.parse_args().sizes
-    print(f"{'hosts':>5} {'lab up s':>14} {'first deploy s':>15} {'no-op re-run s':>15} {'re-run changes':>15}")
+    print(f"{'hosts':>5} {'lab up s':>10} {'first deploy s':>15} {'no-op re-run s':>15} {'re-run changes':>15}")
     for size in sizes:
-        hosts, boot = timed(lambda: manager.up(size, use_vm=False, hardware_profile=DEFAULT_PROFILE))  # noqa: B023
-        try:
-            first, first_s = timed(lambda: deploy(hosts))
-            again, again_s = timed(lambda: deploy(hosts))
-            if first.returncode or again.returncode:
-                raise SystemExit(first.output + again.output)
-            print(f"{size:>5} {boot:>14.1f} {first_s:>15.1f} {again_s:>15.1f} {again.changed:>15}")
-        finally:
-            manager.down({h.name for h in hosts})
+        print(measure(size), flush=True)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,16 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _validated(args.inventory)
     # pyinfra from this interpreter's environment, whether or not that environment is on PATH.
     limits = [arg for name in args.limit or [] for arg in ("--limit", name)]
-    argv = [sys.executable, "-m", "pyinfra", "-y", *limits, *args.pyinfra_args, args.inventory, str(REPO_ROOT / "deploy.py")]
+    argv = [
+        sys.executable,
+        "-m",
+        "pyinfra",
+        "-y",
+        *limits,
+        *args.pyinfra_args,
+        args.inventory,
+        str(REPO_ROOT / "deploy.py"),
+    ]
     return subprocess.call(argv, cwd=REPO_ROOT)
 
 

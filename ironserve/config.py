@@ -108,7 +108,7 @@ def _sysctl_value(key: str, value: object) -> str:
             raise ValueError(f"{key}: expected 1024 <= LOW < HIGH <= 65535, got {value!r}")
         return f"{low}\t{high}"
     # Integers, or their text (a validated config re-validates its own canonical form).
-    if isinstance(value, int) and value >= 0 or isinstance(value, str) and value.isdigit():
+    if (isinstance(value, int) and value >= 0) or (isinstance(value, str) and value.isdigit()):
         return str(value)
     raise ValueError(f"{key}: expected a non-negative integer, got {value!r}")
 

@@ -17,6 +17,7 @@ from ironserve.lab import manager, state
 from ironserve.lab.hardware import DEFAULT_PROFILE
 from ironserve.lab.state import LabHost
 from tests.lab.conftest_vm import vm_host
+from tests.lab.machine_snapshot import differences, snapshot
 
 __all__ = ["container_hosts", "vm_host"]
 
@@ -62,6 +63,19 @@ def lab_containers(count: int) -> Iterator[list[LabHost]]:
         else:
             mine = {h.name for h in state.load().hosts if h.name.startswith("lab-c")} - names_before
         manager.down(mine)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_left_as_it_was() -> Iterator[None]:
+    """After every lab test has stopped its hosts, the machine must be as it was before the first one.
+
+    Hosts that others run meanwhile (someone's `lab up`) are left out of the comparison.
+    """
+    before = snapshot()
+    names_before = {h.name for h in state.load().hosts}
+    yield
+    others = names_before | {h.name for h in state.load().hosts}
+    assert differences(before, snapshot(), others) == []
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ironserve.lab import remote
+from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
-from tests.lab.deploying import deploy, verify
 
 pytestmark = pytest.mark.lab
 SYSCTL_FILE = "/etc/sysctl.d/90-ironserve.conf"

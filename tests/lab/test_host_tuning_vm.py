@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from ironserve.lab import remote
+from ironserve.lab.deploying import deploy
 from ironserve.lab.state import LabHost
-from tests.lab.deploying import deploy
 
 pytestmark = pytest.mark.vm
 CGROUP_ARG = "systemd.unified_cgroup_hierarchy=1"

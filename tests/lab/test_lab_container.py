@@ -8,6 +8,7 @@ import yaml
 from ironserve.lab import container, remote, state
 from ironserve.lab.state import LabHost
 from tests.lab.conftest import lab_containers, skip_without_container_lab
+from ironserve.lab.deploying import deploy
 from tests.lab.machine_snapshot import differences, snapshot
 from tests.lab.ssh import ssh_run
 
@@ -56,8 +57,8 @@ def test_host_reaches_the_debian_mirror(container_hosts: list[LabHost]) -> None:
     assert rc == 0, out + err
 
 
-def test_reboot_and_lab_down_leave_the_machine_as_it_was() -> None:
-    """Boot a host of its own, reboot it from inside, stop it, and compare the machine.
+def test_deploy_reboot_and_lab_down_leave_the_machine_as_it_was() -> None:
+    """Boot a host of its own, deploy to it, reboot it from inside, stop it, and compare the machine.
 
     Run alone, this covers all that `lab down` undoes (bridge, NAT, forwarding); next to other
     lab hosts (a session fixture, someone's lab) it stops only its own host and checks its traces.
@@ -67,6 +68,8 @@ def test_reboot_and_lab_down_leave_the_machine_as_it_was() -> None:
     before = snapshot()
     names_before = {h.name for h in state.load().hosts}
     with lab_containers(1) as [host]:
+        deployed = deploy([host])
+        assert deployed.returncode == 0, deployed.output
         old_boot = remote.boot_id(host)
         new_boot = remote.reboot(host, timeout=60, still_running=lambda: container.is_running(host))
         assert new_boot != old_boot

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from ironserve.lab import container, edge, manager, remote, state
+from ironserve.lab.deploying import DeployResult, deploy
 from ironserve.lab.inventory import lab_groups
 from ironserve.lab.state import LabHost
 from ironserve.paths import lab_dir
-from tests.lab.deploying import DeployResult, deploy
 
 pytestmark = pytest.mark.lab
 SENTINEL = "s3ntinel-PASSWORD-lab-5e1f"
