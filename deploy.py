@@ -8,8 +8,10 @@ from pyinfra.context import host
 
 from ironserve.deploying import config_for
 from roles.bios import bios
+from roles.container_runtime import container_runtime
 from roles.host_tuning import host_tuning
 from roles.preflight import preflight
+from roles.security import security
 
 config = config_for(host)
 
@@ -19,3 +21,7 @@ bios(config=config)
 preflight(config=config)
 
 host_tuning(config=config)
+
+# Security boundary, then the container runtime (issue 5).
+security(config=config)
+container_runtime(config=config)

@@ -16,14 +16,25 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+# issue 4: the NVIDIA stack (models in config_nvidia.py)
+from ironserve.config_nvidia import AptPackages, NvidiaSettings, package_violations
+
+# issue 5: security + container runtime (models in config_security.py)
+from ironserve.config_security import ContainerRuntimeSettings, SecuritySettings
 from ironserve.lock import LockViolation, StackLock, check_lock
 from roles.bios.defaults import DEFAULTS as BIOS_DEFAULTS
+from roles.container_runtime.defaults import DEFAULTS as CONTAINER_RUNTIME_DEFAULTS
 from roles.host_tuning.defaults import DEFAULTS as HOST_TUNING_DEFAULTS
+from roles.nvidia.defaults import DEFAULTS as NVIDIA_DEFAULTS
 from roles.preflight.defaults import DEFAULTS as PREFLIGHT_DEFAULTS
+from roles.security.defaults import DEFAULTS as SECURITY_DEFAULTS
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 ROLE_DEFAULTS: tuple[Mapping[str, object], ...] = (HOST_TUNING_DEFAULTS, PREFLIGHT_DEFAULTS, BIOS_DEFAULTS)
+ROLE_DEFAULTS += (SECURITY_DEFAULTS, CONTAINER_RUNTIME_DEFAULTS)  # issue 5
+ROLE_DEFAULTS += (NVIDIA_DEFAULTS,)  # issue 4
 
+ISSUE5_SECTIONS = frozenset({"security", "container_runtime"})
 SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[A-Za-z0-9_-]+)+$")
 # Keys whose value is a pair of ports, low before high.
 PORT_RANGE_KEYS = frozenset({"net.ipv4.ip_local_port_range"})
@@ -76,6 +87,7 @@ class Profile(BaseModel):
     gpu: GpuSpec
     lock: StackLock
     preflight: PreflightSpec | None = None  # None: the profile states no hardware expectations
+    packages: AptPackages | None = None  # issue 4: exact apt versions of the lock per target OS
 
 
 def load_profile(name: str) -> Profile:
@@ -179,6 +191,9 @@ class StackConfig(BaseModel):
     host_tuning: HostTuning
     preflight: PreflightSettings
     bios: BiosSettings
+    security: SecuritySettings  # issue 5
+    container_runtime: ContainerRuntimeSettings  # issue 5
+    nvidia: NvidiaSettings  # issue 4
 
     @property
     def lock(self) -> StackLock:
@@ -191,7 +206,7 @@ class ConfigError(Exception):
 
 def _location(loc: tuple[int | str, ...]) -> str:
     # Drop the model's section names so the message shows the inventory key the admin wrote.
-    parts = [p for p in loc if p not in {"host_tuning", "profile", "preflight", "bios"}]
+    parts = [p for p in loc if p not in {"host_tuning", "profile", "preflight", "bios", "nvidia"} | ISSUE5_SECTIONS]
     if not parts:
         return "(inventory)"
     head, *rest = parts
@@ -261,12 +276,18 @@ def build_config(host: str, data: Mapping[str, Any]) -> StackConfig:
                 "host_tuning": {k: v for k, v in merged.items() if k.startswith("host_tuning_")},
                 "preflight": {k: v for k, v in merged.items() if k.startswith("preflight_")},
                 "bios": {k: v for k, v in merged.items() if k.startswith("bios_")},
+                **{
+                    section: {k: v for k, v in merged.items() if k.startswith(section + "_")}
+                    for section in ISSUE5_SECTIONS
+                },
+                "nvidia": {k: v for k, v in merged.items() if k.startswith("nvidia_")},  # issue 4
             }
         )
     except ValidationError as exc:
         errors = _describe(host, exc)
         raise ConfigError("\n".join(errors)) from None
     violations = check_lock(config.lock)
+    violations += package_violations(config.lock, config.profile.packages)  # issue 4
     if violations:
         raise ConfigError("\n".join(lock_messages(host, violations)))
     return config

@@ -7,8 +7,13 @@ cd "$(dirname "$0")/.."
 CACHE="${IRONSERVE_CACHE:-$HOME/.cache/ironserve}"
 VENV="${IRONSERVE_VENV:-$CACHE/venv}"
 APT_PACKAGES=(
-  debootstrap            # lab root file systems
+  debootstrap e2fsprogs       # lab root file systems and the VM disk image (mkfs.ext4 -d)
   qemu-system-x86 qemu-utils  # lab VM hosts (software emulation)
+  nftables iptables iproute2 util-linux  # lab networking (bridge, veth, NAT), undone at lab down
+  openssh-client              # reaching lab hosts over real SSH
+  prometheus                  # promtool and a real Prometheus for the service's SLO and scrape tests
+  python3-venv
+)
   iptables iproute2      # lab networking (veth, NAT), undone at lab down
   openssh-client         # reaching lab hosts over real SSH
   prometheus             # promtool for SLO rule checks and tests

@@ -18,8 +18,9 @@ import tarfile
 import time
 from pathlib import Path
 
-from ironserve.lab import redfish_emulator, remote, state
+from ironserve.lab import aptrepo, redfish_emulator, remote, state
 from ironserve.lab.hardware import load_profile
+from ironserve.lab.network import GATEWAY
 from ironserve.lab.state import LabHost
 from ironserve.paths import lab_dir
 
@@ -95,6 +96,7 @@ def attach(host: LabHost, credentials: Path | None = None) -> LabHost:
         )
         host.extra["redfish_pid"] = str(pid)
         host.extra["redfish_url"] = f"http://127.0.0.1:{port}"
+    _attach_mirror(host)
     current = state.load()
     for known in current.hosts:
         if known.name == host.name:
@@ -109,3 +111,32 @@ def detach(host: LabHost) -> None:
         redfish_emulator.stop(int(host.extra["redfish_pid"]))
     host.extra.pop("redfish_pid", None)
     host.extra.pop("redfish_url", None)
+    _detach_mirror(host)
+
+
+# --- the NVIDIA apt mirror (issue 4): a signed repository of stand-in packages, one server per host -----------
+
+
+def _attach_mirror(host: LabHost) -> None:
+    """Serve the lab NVIDIA mirror (ironserve/lab/aptrepo.py) to `host`, as an air-gapped site's mirror.
+
+    Container hosts reach it on the lab bridge; a VM (qemu user networking) reaches this machine's
+    127.0.0.1 as 10.0.2.2.
+    """
+    pid = host.extra.get("aptrepo_pid")
+    if pid and aptrepo.running(int(pid)):
+        return
+    bind, seen_as = ("127.0.0.1", "10.0.2.2") if host.kind == "vm" else (str(GATEWAY), str(GATEWAY))
+    log = lab_dir() / f"{host.name}-aptrepo.log"
+    new_pid, url = aptrepo.start(bind, host.pids[0] if host.pids else None, log)
+    host.extra["aptrepo_pid"] = str(new_pid)
+    host.extra["aptrepo_url"] = url.replace(bind, seen_as, 1)
+    host.extra["aptrepo_key"] = str(aptrepo.key_path())
+
+
+def _detach_mirror(host: LabHost) -> None:
+    pid = host.extra.pop("aptrepo_pid", None)
+    if pid:
+        aptrepo.stop(int(pid))
+    host.extra.pop("aptrepo_url", None)
+    host.extra.pop("aptrepo_key", None)

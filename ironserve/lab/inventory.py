@@ -27,6 +27,9 @@ def _entry(host: state.LabHost) -> HostEntry:
     if host.extra.get("redfish_url"):  # the simulated iDRAC beside the host (ironserve/lab/edge.py)
         data["bios_redfish_address"] = host.extra["redfish_url"]
         data["bios_credentials_file"] = str(lab_dir() / "redfish-credentials")
+    if host.extra.get("aptrepo_url"):  # the lab NVIDIA mirror (ironserve/lab/aptrepo.py), as an air-gapped site's
+        data["nvidia_repo_url"] = host.extra["aptrepo_url"]
+        data["nvidia_repo_key"] = host.extra["aptrepo_key"]
     return host.name, data
 
 

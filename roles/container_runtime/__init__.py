@@ -1,0 +1,154 @@
+"""containerd from Debian, pinned, with the systemd cgroup driver and the NVIDIA runtime registered,
+plus the kernel prerequisites of containers and Kubernetes (modules, bridge sysctls, swap off).
+
+config.toml is rendered and schema-checked by ironserve.containerd before it is shipped. Inside a
+container host, kernel modules and swap belong to the machine running it: the role persists what
+it can, checks what the kernel already provides, and reports the rest instead of failing.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+from typing import TYPE_CHECKING
+
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.deploy import deploy
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+from pyinfra.operations import apt, files, systemd
+
+from ironserve.containerd import render_config
+from ironserve.facts import ContainerKind, SysctlState
+from ironserve.runtime_facts import HeldPackages, KernelModules, SwapState
+from roles.container_runtime.defaults import DEFAULTS
+
+if TYPE_CHECKING:  # the config model imports this package's defaults
+    from ironserve.config import ContainerRuntimeSettings, StackConfig
+
+CONFIG = "/etc/containerd/config.toml"
+MODULES_FILE = "/etc/modules-load.d/ironserve-containers.conf"
+SYSCTL_FILE = "/etc/sysctl.d/91-ironserve-containers.conf"
+PIN_FILE = "/etc/apt/preferences.d/ironserve-containerd"
+
+
+@operation()
+def kernel_modules(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """Load each module the kernel lacks; in a container, report what the machine must provide."""
+    state = host.get_fact(KernelModules, names=names)
+    missing = [n for n in names if state.get(n) not in {"loaded", "builtin"}]
+    if not missing:
+        host.noop("kernel modules present: " + ", ".join(f"{n} ({state[n]})" for n in names))
+    elif host.get_fact(ContainerKind):
+        host.noop(
+            f"container: cannot load {', '.join(missing)} (the kernel is the machine's); "
+            f"persisted in {MODULES_FILE} for a boot on metal or a VM"
+        )
+    else:
+        for name in missing:
+            yield StringCommand("modprobe", QuoteString(name))
+
+
+@operation()
+def network_sysctl(key: str, value: str):  # type: ignore[no-untyped-def]
+    """Set a pod-networking sysctl live; it may appear only once its module (br_netfilter) is loaded."""
+    entry = host.get_fact(SysctlState, keys=(key,))[key]
+    if entry.value == value:
+        host.noop(f"sysctl {key} is {value}")
+    elif entry.value is None and host.get_fact(ContainerKind):
+        host.noop(f"sysctl {key}: absent in this container (module not loaded by the machine); persisted")
+    elif entry.value is not None and not entry.writable:
+        if host.get_fact(ContainerKind):
+            host.noop(f"sysctl {key}: read-only in this container; persisted, applied at boot")
+            return
+        raise OperationError(f"sysctl {key} is not writable on this host")
+    else:
+        yield StringCommand("sysctl", "-w", QuoteString(f"{key}={value}"))
+
+
+@operation()
+def swap_off():  # type: ignore[no-untyped-def]
+    """Turn swap off now and keep it off (fstab entries commented out); the kubelet refuses swap."""
+    state = host.get_fact(SwapState)
+    if host.get_fact(ContainerKind):
+        note = f" (the machine has {', '.join(state['active'])})" if state["active"] else ""
+        host.noop(f"container: swap belongs to the machine running it{note}; nothing to turn off here")
+        return
+    if not state["active"] and not state["fstab"]:
+        host.noop("swap is off and not in /etc/fstab")
+        return
+    if state["active"]:
+        yield "swapoff -a"
+    if state["fstab"]:
+        yield r"sed -i -E 's/^([^#]\S*\s+\S+\s+swap\s)/# ironserve: swap off for the kubelet # \1/' /etc/fstab"
+
+
+@operation()
+def packages_held(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """apt-mark hold: unattended upgrades and `apt upgrade` leave the pinned packages alone."""
+    held = host.get_fact(HeldPackages)
+    missing = [n for n in names if n not in held]
+    if not missing:
+        host.noop("held: " + ", ".join(names))
+    else:
+        yield StringCommand("apt-mark", "hold", *missing)
+
+
+def _pin_file(settings: ContainerRuntimeSettings) -> str:
+    return "".join(
+        f"# Managed by ironserve (roles/container_runtime)\nPackage: {name}\nPin: version {version}\n"
+        "Pin-Priority: 1001\n\n"
+        for name, version in settings.packages.items()
+    )
+
+
+def _sysctl_file(settings: ContainerRuntimeSettings) -> str:
+    lines = "".join(f"{k} = {v}\n" for k, v in settings.sysctls.items())
+    return "# Managed by ironserve (roles/container_runtime): pod networking.\n" + lines
+
+
+@deploy("Container runtime", data_defaults=DEFAULTS)
+def container_runtime(config: StackConfig) -> None:
+    settings = config.container_runtime
+
+    files.put(
+        name="Kernel modules at boot",
+        src=StringIO("".join(f"{m}\n" for m in settings.kernel_modules)),
+        dest=MODULES_FILE,
+        mode="644",
+    )
+    kernel_modules(name="Kernel modules loaded", names=settings.kernel_modules)
+    files.put(
+        name="Pod networking sysctls persisted", src=StringIO(_sysctl_file(settings)), dest=SYSCTL_FILE, mode="644"
+    )
+    for key, value in settings.sysctls.items():
+        network_sysctl(name=f"Apply sysctl {key}", key=key, value=value)
+    if settings.swap_off:
+        swap_off(name="Swap off and kept off")
+
+    files.put(name="Pin containerd packages", src=StringIO(_pin_file(settings)), dest=PIN_FILE, mode="644")
+    apt.packages(
+        name="Install containerd (pinned)",
+        packages=[f"{name}={version}" for name, version in settings.packages.items()],
+        update=True,
+        cache_time=86400,
+        no_recommends=True,
+    )
+    packages_held(name="Hold containerd packages", names=tuple(settings.packages))
+
+    for path in (settings.cni_bin_dir, settings.cni_conf_dir):
+        files.directory(name=f"CNI directory {path}", path=path, mode="755")
+    written = files.put(
+        name="containerd config.toml (schema-checked)",
+        src=StringIO(render_config(settings)),
+        dest=CONFIG,
+        mode="644",
+        create_remote_dir=True,
+    )
+    systemd.service(
+        name="Restart containerd for its new config",
+        service="containerd.service",
+        restarted=True,
+        _if=written.did_change,
+    )
+    systemd.service(name="containerd enabled and running", service="containerd.service", running=True, enabled=True)
