@@ -36,7 +36,8 @@ class KernelModules(FactBase[dict[str, str]]):
         )
 
     def process(self, output: Iterable[str]) -> dict[str, str]:
-        return dict(line.split(None, 1) for line in output if line.strip())  # type: ignore[misc]
+        pairs = (line.split(None, 1) for line in output if line.strip())
+        return {name: state.strip() for name, state in pairs}
 
 
 class SwapState(FactBase[dict[str, list[str]]]):

@@ -14,11 +14,6 @@ APT_PACKAGES=(
   prometheus                  # promtool and a real Prometheus for the service's SLO and scrape tests
   python3-venv
 )
-  iptables iproute2      # lab networking (veth, NAT), undone at lab down
-  openssh-client         # reaching lab hosts over real SSH
-  prometheus             # promtool for SLO rule checks and tests
-  python3-venv
-)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

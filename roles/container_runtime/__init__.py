@@ -24,7 +24,8 @@ from ironserve.runtime_facts import HeldPackages, KernelModules, SwapState
 from roles.container_runtime.defaults import DEFAULTS
 
 if TYPE_CHECKING:  # the config model imports this package's defaults
-    from ironserve.config import ContainerRuntimeSettings, StackConfig
+    from ironserve.config import StackConfig
+    from ironserve.config_security import ContainerRuntimeSettings
 
 CONFIG = "/etc/containerd/config.toml"
 MODULES_FILE = "/etc/modules-load.d/ironserve-containers.conf"
