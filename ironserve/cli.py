@@ -43,8 +43,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
     elif args.lab_command == "ssh":
         return manager.ssh(args.host, args.command)
     elif args.lab_command == "down":
-        manager.down()
-        print("lab: all hosts stopped, machine restored")
+        manager.down(set(args.hosts) or None)
+        print(f"lab: stopped {', '.join(args.hosts)}" if args.hosts else "lab: all hosts stopped, machine restored")
     return 0
 
 
@@ -110,7 +110,8 @@ def parser() -> argparse.ArgumentParser:
     ssh = lab_sub.add_parser("ssh", help="open SSH to a lab host")
     ssh.add_argument("host")
     ssh.add_argument("command", nargs=argparse.REMAINDER)
-    lab_sub.add_parser("down", help="stop every lab host and undo every change the lab made")
+    down = lab_sub.add_parser("down", help="stop lab hosts (all by default) and undo every change the lab made")
+    down.add_argument("hosts", nargs="*", help="stop only these hosts")
     lab.set_defaults(func=cmd_lab)
 
     deploy = sub.add_parser("deploy", help="validate the inventory, then run deploy.py with pyinfra")

@@ -43,6 +43,10 @@ class KernelModules(FactBase[dict[str, str]]):
 class SwapState(FactBase[dict[str, list[str]]]):
     """Active swap areas (/proc/swaps) and the uncommented swap lines of /etc/fstab."""
 
+    @staticmethod
+    def default() -> dict[str, list[str]]:
+        return {"active": [], "fstab": []}
+
     def command(self) -> str:
         return (
             "tail -n +2 /proc/swaps | awk '{print \"active \" $1}'; "
@@ -60,6 +64,8 @@ class SwapState(FactBase[dict[str, list[str]]]):
 
 class HeldPackages(FactBase[list[str]]):
     """Packages on hold (apt-mark showhold)."""
+
+    default = list
 
     def command(self) -> str:
         return "apt-mark showhold"

@@ -1,0 +1,192 @@
+"""Facts the nvidia role reads (issue 4), each with a pure, unit-tested parser.
+
+- `OsDistro`: NVIDIA's repository directory name for the host's OS (`debian12`, `ubuntu2204`).
+- `DpkgPackages`: installed packages matching names or globs -> version and hold state.
+- `SecureBoot`: `enabled` / `disabled` / `unknown` (mokutil, else the EFI variable).
+- `StaleInitrds`: initrd images older than a file (the nouveau blacklist): they need rebuilding.
+- `NvidiaStack`: what is on disk and what nvidia-smi reports, compared by `stack_problems` with the lock.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pyinfra.api.facts import FactBase
+
+from ironserve.config_nvidia import distro_key
+
+SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+CUDNN_HEADERS = ("/usr/include/cudnn_version.h", "/usr/include/x86_64-linux-gnu/cudnn_version_v8.h")
+
+
+class OsDistro(FactBase[str]):
+    """`debian12`, `ubuntu2204`: the host's OS as NVIDIA's repositories name their directories."""
+
+    def command(self) -> str:
+        return '. /etc/os-release && echo "$ID $VERSION_ID"'
+
+    def process(self, output: Iterable[str]) -> str:
+        return parse_os_release(list(output))
+
+
+def parse_os_release(lines: list[str]) -> str:
+    fields = " ".join(lines).split()
+    return distro_key(fields[0], fields[1] if len(fields) > 1 else "")
+
+
+@dataclass(frozen=True)
+class DpkgEntry:
+    version: str
+    held: bool
+
+
+class DpkgPackages(FactBase[dict[str, DpkgEntry]]):
+    """Installed packages among `patterns` (names or dpkg-query globs): name -> version, hold."""
+
+    def command(self, patterns: Iterable[str]) -> str:
+        quoted = " ".join(shlex.quote(p) for p in patterns)
+        return f"dpkg-query -W -f='${{Package}}\\t${{Version}}\\t${{db:Status-Abbrev}}\\n' {quoted} 2>/dev/null || true"
+
+    def process(self, output: Iterable[str]) -> dict[str, DpkgEntry]:
+        return parse_dpkg_query(output)
+
+
+def parse_dpkg_query(lines: Iterable[str]) -> dict[str, DpkgEntry]:
+    """Lines `name<TAB>version<TAB>status` -> installed packages (status `ii`, or `hi` when held)."""
+    packages = {}
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) < 3 or len(parts[2]) < 2 or parts[2][1] != "i":
+            continue  # known to dpkg but not installed (removed, config files only, never installed)
+        packages[parts[0]] = DpkgEntry(version=parts[1], held=parts[2][0] == "h")
+    return packages
+
+
+class SecureBoot(FactBase[str]):
+    """UEFI Secure Boot: `enabled`, `disabled` or `unknown` (no mokutil, no EFI variables: e.g. BIOS boot)."""
+
+    def command(self) -> str:
+        return (
+            "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
+            f"else od -An -tu1 {SECURE_BOOT_EFIVAR} 2>/dev/null | awk '{{print \"efivar\", $NF}}'; fi; true"
+        )
+
+    def process(self, output: Iterable[str]) -> str:
+        return parse_secure_boot(list(output))
+
+
+def parse_secure_boot(lines: list[str]) -> str:
+    text = " ".join(lines).strip()
+    if re.search(r"SecureBoot enabled", text) or text == "efivar 1":
+        return "enabled"
+    if re.search(r"SecureBoot disabled", text) or text == "efivar 0":
+        return "disabled"
+    return "unknown"
+
+
+class StaleInitrds(FactBase[list[str]]):
+    """Initrd images under /boot older than `newer_than` (none in a container, which has no /boot images)."""
+
+    def command(self, newer_than: str) -> str:
+        path = shlex.quote(newer_than)
+        return f'for f in /boot/initrd.img-*; do [ -e "$f" ] && [ "$f" -ot {path} ] && echo "$f"; done; true'
+
+    def process(self, output: Iterable[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]
+
+
+@dataclass(frozen=True)
+class StackObserved:
+    driver_versions: list[str] = field(default_factory=list)  # nvidia-smi driver_version, one per distinct value
+    module_version: str | None = None  # the loaded kernel module (/sys/module/nvidia/version)
+    cudnn_version: str | None = None  # from cudnn_version.h
+    cuda_version: str | None = None  # <cuda_home>/version.json cuda.version
+    nvcc_release: str | None = None  # `nvcc --version`: "release 11.8"
+    toolkits: list[str] = field(default_factory=list)  # /usr/local/cuda-* directories
+    cuda_link: str | None = None  # readlink -f /usr/local/cuda
+
+
+class NvidiaStack(FactBase[StackObserved]):
+    def command(self, cuda_home: str) -> str:
+        home = shlex.quote(cuda_home)
+        headers = " ".join(CUDNN_HEADERS)
+        return "; ".join(
+            [
+                "echo '== smi'",
+                "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | sort -u",
+                "echo '== module'",
+                "cat /sys/module/nvidia/version 2>/dev/null",
+                "echo '== cudnn'",
+                f"grep -hE '^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ' {headers} 2>/dev/null",
+                "echo '== cuda'",
+                f"tr -d '\\n' < {home}/version.json 2>/dev/null; echo",
+                "echo '== nvcc'",
+                f"{home}/bin/nvcc --version 2>/dev/null | grep -o 'release [0-9.]*'",
+                "echo '== toolkits'",
+                "ls -d /usr/local/cuda-* 2>/dev/null",
+                "echo '== link'",
+                "readlink -f /usr/local/cuda 2>/dev/null",
+                "true",
+            ]
+        )
+
+    def process(self, output: Iterable[str]) -> StackObserved:
+        return parse_stack(output)
+
+
+def parse_stack(lines: Iterable[str]) -> StackObserved:
+    sections: dict[str, list[str]] = {}
+    current = ""
+    for line in lines:
+        if line.startswith("== "):
+            current = line[3:].strip()
+            sections[current] = []
+        elif line.strip() and current:
+            sections[current].append(line.strip())
+    defines = dict(re.findall(r"#define CUDNN_(MAJOR|MINOR|PATCHLEVEL)\s+(\d+)", "\n".join(sections.get("cudnn", []))))
+    cudnn = None
+    if {"MAJOR", "MINOR", "PATCHLEVEL"} <= defines.keys():
+        cudnn = f"{defines['MAJOR']}.{defines['MINOR']}.{defines['PATCHLEVEL']}"
+    cuda = None
+    try:
+        cuda = json.loads("".join(sections.get("cuda", [])))["cuda"]["version"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    module = sections.get("module", [])
+    nvcc = sections.get("nvcc", [])
+    link = sections.get("link", [])
+    return StackObserved(
+        driver_versions=sections.get("smi", []),
+        module_version=module[0] if module else None,
+        cudnn_version=cudnn,
+        cuda_version=cuda,
+        nvcc_release=nvcc[0].removeprefix("release ") if nvcc else None,
+        toolkits=sections.get("toolkits", []),
+        cuda_link=link[0] if link else None,
+    )
+
+
+def stack_problems(observed: StackObserved, driver: str, cuda: str, cudnn: str, cuda_home: str) -> list[str]:
+    """Every way the host differs from the lock, as sentences; empty when it matches."""
+    problems = []
+    if observed.driver_versions != [driver]:
+        problems.append(f"nvidia-smi reports driver {', '.join(observed.driver_versions) or 'nothing'}, lock {driver}")
+    if observed.module_version is not None and observed.module_version != driver:
+        problems.append(f"the loaded kernel module is {observed.module_version}, userland {driver}: reboot needed")
+    if observed.cuda_version != cuda:
+        problems.append(f"{cuda_home}/version.json says CUDA {observed.cuda_version}, lock {cuda}")
+    cuda_line = ".".join(cuda.split(".")[:2])
+    if observed.nvcc_release != cuda_line:
+        problems.append(f"{cuda_home}/bin/nvcc reports release {observed.nvcc_release}, lock {cuda_line}")
+    if observed.cudnn_version != cudnn:
+        problems.append(f"cudnn_version.h defines cuDNN {observed.cudnn_version}, lock {cudnn}")
+    others = [t for t in observed.toolkits if t != cuda_home and not t.startswith("/usr/local/cuda-" + cuda_line)]
+    if others:
+        problems.append(f"other CUDA toolkits are installed: {', '.join(others)}")
+    if observed.cuda_link != cuda_home:
+        problems.append(f"/usr/local/cuda resolves to {observed.cuda_link}, not {cuda_home}")
+    return problems
