@@ -19,6 +19,7 @@ from ironserve.config_security import SecuritySettings
 from ironserve.paths import REPO_ROOT
 
 SECCOMP_PROFILE = REPO_ROOT / "files" / "seccomp" / "ai-service.json"
+DROPIN_NAME = "10-ironserve-security.conf"  # in /etc/systemd/system/<unit>.d/
 ERRNO_NAMES = {1: "EPERM", 38: "ENOSYS"}
 # Argument filters of the JSON profile and the systemd settings that enforce the same rule.
 SYSTEMD_EQUIVALENTS: dict[str, tuple[str, str]] = {
@@ -86,6 +87,13 @@ def load_profile(path: Path = SECCOMP_PROFILE) -> SeccompProfile:
     if unmapped:
         raise ValueError(f"{path}: argument rules for {', '.join(unmapped)} have no systemd equivalent")
     return profile
+
+
+def slice_cgroup(name: str) -> str:
+    """The cgroup path of a slice: each dash is a level (ai-service.slice -> /ai.slice/ai-service.slice)."""
+    stem = name.removesuffix(".slice")
+    parts = stem.split("-")
+    return "/" + "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
 
 
 def render_slice(settings: SecuritySettings) -> str:

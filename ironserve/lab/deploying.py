@@ -1,4 +1,4 @@
-"""Run the real deploy and gate against lab hosts as an admin would (`ironserve deploy|verify`), and read pyinfra's results."""
+"""Run the real deploy and gate against lab hosts as an admin would (`ironserve deploy|verify`)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
+from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, systemd
 
 from ironserve.containerd import render_config
@@ -31,6 +32,7 @@ CONFIG = "/etc/containerd/config.toml"
 MODULES_FILE = "/etc/modules-load.d/ironserve-containers.conf"
 SYSCTL_FILE = "/etc/sysctl.d/91-ironserve-containers.conf"
 PIN_FILE = "/etc/apt/preferences.d/ironserve-containerd"
+NVIDIA_CLI_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 
 
 @operation()
@@ -95,6 +97,15 @@ def packages_held(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
         yield StringCommand("apt-mark", "hold", *missing)
 
 
+@operation()
+def nvidia_cli_cgroups(path: str):  # type: ignore[no-untyped-def]
+    """cri-nvidia-container-cli-cgroups: `no-cgroups = false`, so the NVIDIA hook puts devices in the cgroup."""
+    if not host.get_fact(File, path=path):
+        host.noop(f"{path} absent: nvidia-container-toolkit is not installed (the NVIDIA role installs it)")
+        return
+    yield from files.line._inner(path=path, line=r"^#?\s*no-cgroups\s*=.*", replace="no-cgroups = false")
+
+
 def _pin_file(settings: ContainerRuntimeSettings) -> str:
     return "".join(
         f"# Managed by ironserve (roles/container_runtime)\nPackage: {name}\nPin: version {version}\n"
@@ -137,6 +148,7 @@ def container_runtime(config: StackConfig) -> None:
     )
     packages_held(name="Hold containerd packages", names=tuple(settings.packages))
 
+    nvidia_cli_cgroups(name="NVIDIA container CLI keeps cgroups", path=NVIDIA_CLI_CONFIG)
     for path in (settings.cni_bin_dir, settings.cni_conf_dir):
         files.directory(name=f"CNI directory {path}", path=path, mode="755")
     written = files.put(

@@ -18,13 +18,11 @@ from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from ironserve.runtime_facts import PasswordState
-from ironserve.security import SECCOMP_PROFILE, load_profile, render_service_dropin, render_slice
+from ironserve.security import DROPIN_NAME, SECCOMP_PROFILE, load_profile, render_service_dropin, render_slice
 from roles.security.defaults import DEFAULTS
 
 if TYPE_CHECKING:  # the config model imports this package's defaults
     from ironserve.config import StackConfig
-
-DROPIN_NAME = "10-ironserve-security.conf"
 
 
 @operation()

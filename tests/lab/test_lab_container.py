@@ -6,9 +6,9 @@ import pytest
 import yaml
 
 from ironserve.lab import container, remote, state
+from ironserve.lab.deploying import deploy
 from ironserve.lab.state import LabHost
 from tests.lab.conftest import lab_containers, skip_without_container_lab
-from ironserve.lab.deploying import deploy
 from tests.lab.machine_snapshot import differences, snapshot
 from tests.lab.ssh import ssh_run
 

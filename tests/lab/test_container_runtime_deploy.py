@@ -1,0 +1,105 @@
+"""roles/container_runtime on a real lab container host: containerd pinned, configured and answering;
+drift restored; a misspelt key that containerd itself accepts silently is caught by ironserve's schema.
+
+containerd runs inside a lab container host (overlayfs snapshotter ok, CRI plugin up). Kernel
+modules and swap belong to the machine there: the role reports them; the VM test covers loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ironserve.config import build_config
+from ironserve.containerd import ContainerdConfigError, check_config, render_config
+from ironserve.lab.deploying import verify
+from ironserve.lab.state import LabHost
+from tests.lab.conftest import lab_containers
+from tests.lab.security_runtime import deploy_roles
+from tests.lab.ssh import ssh_run
+
+pytestmark = pytest.mark.lab
+CONFIG = "/etc/containerd/config.toml"
+SETTINGS = build_config("lab", {}).container_runtime
+
+
+def ok(host: LabHost, command: str) -> str:
+    rc, out, err = ssh_run(host, command)
+    assert rc == 0, f"{command}: {out}{err}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def converged() -> Iterator[LabHost]:
+    with lab_containers(1) as hosts:
+        first = deploy_roles(hosts)
+        assert first.returncode == 0, first.output
+        assert first.changed > 0, first.output
+        yield hosts[0]
+
+
+def test_second_deploy_reports_zero_changes(converged: LabHost) -> None:
+    again = deploy_roles([converged])
+    assert again.returncode == 0, again.output
+    assert (again.changed, again.errors) == (0, 0), again.output
+
+
+@pytest.mark.invariant("cri-containerd", "cri-systemd-cgroup", "cri-nvidia-runtime")
+def test_containerd_pinned_running_and_answering(converged: LabHost) -> None:
+    assert ok(converged, "systemctl is-active containerd").strip() == "active"
+    assert "Server:" in ok(converged, "ctr version")
+    assert ok(converged, f"cat {CONFIG}") == render_config(SETTINGS)
+    dump = ok(converged, "containerd config dump")
+    assert dump.count("SystemdCgroup = true") == 2  # runc and nvidia
+    assert f'BinaryName = "{SETTINGS.nvidia_binary}"' in dump
+    versions = ok(converged, "dpkg-query -W -f '${Package} ${Version}\\n' containerd runc").split("\n")
+    assert sorted(filter(None, versions)) == sorted(f"{k} {v}" for k, v in SETTINGS.packages.items())
+    assert set(ok(converged, "apt-mark showhold").split()) >= set(SETTINGS.packages)
+    assert "Pin: version " + SETTINGS.packages["containerd"] in ok(converged, "cat /etc/apt/preferences.d/*containerd")
+
+
+def test_kernel_prerequisites_reported_not_forced_in_a_container(converged: LabHost) -> None:
+    assert ok(converged, "cat /etc/modules-load.d/ironserve-containers.conf").split() == ["overlay", "br_netfilter"]
+    assert ok(converged, "cat /proc/sys/net/ipv4/ip_forward").strip() == "1"  # per network namespace: set live
+    assert "net.bridge.bridge-nf-call-iptables = 1" in ok(converged, "cat /etc/sysctl.d/91-ironserve-containers.conf")
+
+
+def test_misspelt_key_accepted_by_containerd_refused_by_ironserve(converged: LabHost) -> None:
+    ok(converged, f"sed -i 's/SystemdCgroup = true/SystemdCgrup = true/' {CONFIG} && systemctl restart containerd")
+    try:
+        assert ok(converged, "systemctl is-active containerd").strip() == "active"  # containerd: no complaint
+        dump = ok(converged, "containerd config dump")
+        assert "SystemdCgrup = true" in dump and "SystemdCgroup = true" not in dump  # kept silently, driver lost
+        with pytest.raises(ContainerdConfigError, match="SystemdCgrup: Extra inputs are not permitted"):
+            check_config(ok(converged, f"cat {CONFIG}"))
+    finally:
+        assert deploy_roles([converged]).returncode == 0
+
+
+def test_drift_restored_then_zero_changes(converged: LabHost) -> None:
+    ok(converged, f"sed -i 's/SystemdCgroup = true/SystemdCgroup = false/' {CONFIG}")
+    ok(converged, "systemctl stop containerd && systemctl disable containerd")
+    ok(converged, "apt-mark unhold containerd")
+    restored = deploy_roles([converged])
+    assert restored.returncode == 0, restored.output
+    assert restored.changed >= 3, restored.output
+    assert ok(converged, "systemctl is-active containerd").strip() == "active"
+    assert ok(converged, "systemctl is-enabled containerd").strip() == "enabled"
+    assert "SystemdCgroup = false" not in ok(converged, "containerd config dump")
+    assert "containerd" in ok(converged, "apt-mark showhold").split()
+    assert "Server:" in ok(converged, "ctr version")
+    again = deploy_roles([converged])
+    assert (again.returncode, again.changed) == (0, 0), again.output
+
+
+def test_gate_passes_then_fails_on_a_flipped_driver(converged: LabHost) -> None:
+    gate = verify([converged], "-k", "test_container_runtime")
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    ok(converged, f"sed -i 's/SystemdCgroup = true/SystemdCgroup = false/' {CONFIG} && systemctl restart containerd")
+    try:
+        gate = verify([converged], "-k", "test_container_runtime")
+        assert gate.returncode != 0
+        assert "test_systemd_cgroup_driver_for_every_runtime" in gate.stdout
+    finally:
+        assert deploy_roles([converged]).returncode == 0

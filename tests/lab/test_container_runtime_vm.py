@@ -1,0 +1,70 @@
+"""Kernel prerequisites and enforcement on a lab VM (real kernel): what a container host cannot show.
+
+overlay and br_netfilter really load, the bridge sysctl appears and is set, an active swap area is
+turned off and kept out of /etc/fstab, containerd answers, and the service slice's MemoryMax reaches
+the kernel's cgroup files. One deploy of the issue 5 roles, then reads; kept short (TCG is slow).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ironserve.lab import remote
+from ironserve.lab.state import LabHost
+from tests.lab.security_runtime import deploy_roles
+
+pytestmark = pytest.mark.vm
+SWAPFILE = "/ironserve-test.swap"
+
+
+@pytest.fixture(scope="module")
+def deployed_vm(vm_host: LabHost) -> LabHost:
+    remote.run(
+        vm_host,
+        f"fallocate -l 32M {SWAPFILE} && chmod 600 {SWAPFILE} && mkswap {SWAPFILE} >/dev/null && swapon {SWAPFILE} "
+        f"&& echo '{SWAPFILE} none swap sw 0 0' >> /etc/fstab",
+    )
+    assert SWAPFILE in remote.run(vm_host, "cat /proc/swaps")
+    result = deploy_roles([vm_host])
+    assert result.returncode == 0, result.output
+    return vm_host
+
+
+def test_modules_loaded_and_persisted(deployed_vm: LabHost) -> None:
+    loaded = remote.run(deployed_vm, "cat /proc/modules").split("\n")
+    names = {line.split()[0] for line in loaded if line.strip()}
+    builtin = remote.run(deployed_vm, "cat /lib/modules/$(uname -r)/modules.builtin || true")
+    for module in ("overlay", "br_netfilter"):
+        assert module in names or f"/{module}.ko" in builtin
+    assert remote.run(deployed_vm, "cat /etc/modules-load.d/ironserve-containers.conf").split() == [
+        "overlay",
+        "br_netfilter",
+    ]
+
+
+def test_bridge_sysctls_live(deployed_vm: LabHost) -> None:
+    values = remote.run(deployed_vm, "sysctl -n net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables").split()
+    assert values == ["1", "1"]
+
+
+def test_swap_off_and_kept_off(deployed_vm: LabHost) -> None:
+    assert SWAPFILE not in remote.run(deployed_vm, "cat /proc/swaps")
+    fstab = remote.run(deployed_vm, "cat /etc/fstab")
+    assert f"# ironserve: swap off for the kubelet # {SWAPFILE}" in fstab
+    assert remote.run(deployed_vm, "swapon --show --noheadings").strip() == ""
+
+
+def test_containerd_answers_and_memory_max_reaches_the_kernel(deployed_vm: LabHost) -> None:
+    assert "Server:" in remote.run(deployed_vm, "ctr version")
+    remote.run(deployed_vm, "systemctl start ai-service.slice")
+    fs = remote.run(deployed_vm, "stat -fc %T /sys/fs/cgroup").strip()
+    if fs == "cgroup2fs":
+        path = "/sys/fs/cgroup/ai.slice/ai-service.slice/memory.max"
+    else:  # the image boots cgroup v1 until host_tuning switches it; systemd maps MemoryMax to the v1 limit
+        path = "/sys/fs/cgroup/memory/ai.slice/ai-service.slice/memory.limit_in_bytes"
+    assert remote.run(deployed_vm, f"cat {path}").strip() == "25769803776"
+
+
+def test_second_run_changes_nothing(deployed_vm: LabHost) -> None:
+    again = deploy_roles([deployed_vm])
+    assert (again.returncode, again.changed) == (0, 0), again.output

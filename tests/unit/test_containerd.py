@@ -1,0 +1,88 @@
+"""containerd config.toml: rendered from the typed config, refused on unknown or mistyped keys."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from ironserve.config import ConfigError, build_config
+from ironserve.containerd import DEVMAPPER, ContainerdConfigError, check_config, render_config
+
+SETTINGS = build_config("h", {}).container_runtime
+RUNTIMES = 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes'
+
+
+def test_default_render() -> None:
+    text = render_config(SETTINGS)
+    data = tomllib.loads(text)
+    cri = data["plugins"]["io.containerd.grpc.v1.cri"]
+    assert data["version"] == 2
+    assert cri["containerd"]["snapshotter"] == "overlayfs"
+    assert cri["containerd"]["default_runtime_name"] == "runc"
+    runtimes = cri["containerd"]["runtimes"]
+    assert runtimes["runc"]["options"] == {"SystemdCgroup": True}
+    assert runtimes["nvidia"]["options"] == {"SystemdCgroup": True, "BinaryName": "/usr/bin/nvidia-container-runtime"}
+    assert cri["cni"] == {"bin_dir": "/opt/cni/bin", "conf_dir": "/etc/cni/net.d"}
+    assert DEVMAPPER not in data["plugins"]
+    assert f"[{RUNTIMES}.runc.options]\nSystemdCgroup = true\n" in text
+
+
+def test_nvidia_default_and_devmapper() -> None:
+    settings = build_config(
+        "h",
+        {
+            "container_runtime_default_runtime": "nvidia",
+            "container_runtime_snapshotter": "devmapper",
+            "container_runtime_devmapper_pool_name": "containerd-pool",
+        },
+    ).container_runtime
+    data = tomllib.loads(render_config(settings))
+    assert data["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"] == "nvidia"
+    assert data["plugins"][DEVMAPPER] == {
+        "pool_name": "containerd-pool",
+        "root_path": "/var/lib/containerd/devmapper",
+        "base_image_size": "40GB",
+    }
+
+
+def test_devmapper_without_a_pool_is_refused_naming_the_keys() -> None:
+    with pytest.raises(ConfigError, match="container_runtime_devmapper_pool_name") as raised:
+        build_config("r740-01", {"container_runtime_snapshotter": "devmapper"})
+    assert "host r740-01" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("container_runtime_default_runtime", "crun"),
+        ("container_runtime_snapshotter", "zfs"),
+        ("container_runtime_packages", {"runc": "1.1.5"}),
+        ("container_runtime_sysctls", {"net.ipv4.ip_forward": "on"}),
+        ("container_runtime_snapshoter", "overlayfs"),
+    ],
+)
+def test_bad_runtime_settings_refused(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match="host r740-01"):
+        build_config("r740-01", {key: value})
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("SystemdCgroup = true", "SystemdCgrup = true"), "SystemdCgrup: Extra inputs are not permitted"),
+        (("SystemdCgroup = true", 'SystemdCgroup = "true"'), "SystemdCgroup: Input should be a valid boolean"),
+        (('snapshotter = "overlayfs"', 'snapshoter = "overlayfs"'), "snapshoter: Extra inputs"),
+        (("version = 2", "version = 3"), "version"),
+        (("[grpc]", "[grcp]"), "grcp"),
+    ],
+)
+def test_schema_refuses_what_containerd_would_accept_silently(edit: tuple[str, str], message: str) -> None:
+    text = render_config(SETTINGS).replace(*edit, 1)
+    with pytest.raises(ContainerdConfigError, match=message):
+        check_config(text)
+
+
+def test_not_toml() -> None:
+    with pytest.raises(ContainerdConfigError, match="not TOML"):
+        check_config("version = = 2")
