@@ -1,5 +1,5 @@
 # ironserve: `make demo` runs the main job against the local lab, `make test` runs every test.
-CACHE ?= $(HOME)/.cache/ironserve
+CACHE ?= $(or $(IRONSERVE_CACHE),$(HOME)/.cache/ironserve)
 VENV ?= $(CACHE)/venv
 export PATH := $(VENV)/bin:$(PATH)
 export IRONSERVE_CACHE := $(CACHE)
