@@ -10,6 +10,7 @@ from ironserve.deploying import config_for
 from roles.bios import bios
 from roles.container_runtime import container_runtime
 from roles.host_tuning import host_tuning
+from roles.nvidia import nvidia
 from roles.preflight import preflight
 from roles.security import security
 
@@ -19,6 +20,9 @@ config = config_for(host)
 # that is physically wrong before anything else runs on it.
 bios(config=config)
 preflight(config=config)
+
+# The NVIDIA stack as one pinned lock (issue 4): driver, CUDA, cuDNN, TensorRT from the signed mirror.
+nvidia(config=config)
 
 host_tuning(config=config)
 

@@ -30,6 +30,8 @@ class NvidiaSettings(BaseModel):
     repo_key: str | None = Field(alias="nvidia_repo_key", min_length=1)
     pin_priority: int = Field(alias="nvidia_pin_priority", ge=1001, le=32767)
     cuda_home: str | None = Field(alias="nvidia_cuda_home", pattern=r"^/[\w./-]+$")
+    kernel_headers: bool = Field(alias="nvidia_kernel_headers")
+    rebuild_initramfs: bool = Field(alias="nvidia_rebuild_initramfs")
     persistenced: bool = Field(alias="nvidia_persistenced")
 
 
@@ -65,7 +67,8 @@ def package_violations(lock: StackLock, packages: AptPackages | None) -> list[Lo
                     violations.append(
                         LockViolation(
                             "packages-match-lock",
-                            f"packages[{distro}][{component}]: {name} {version} is pinned, but the lock has no {component}",
+                            f"packages[{distro}][{component}]: {name} {version} is pinned, "
+                            f"but the lock has no {component}",
                         )
                     )
                 elif not (version.startswith(expected[0]) and version.endswith(expected[1])):

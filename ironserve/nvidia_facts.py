@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -47,6 +48,10 @@ class DpkgEntry:
 class DpkgPackages(FactBase[dict[str, DpkgEntry]]):
     """Installed packages among `patterns` (names or dpkg-query globs): name -> version, hold."""
 
+    @staticmethod
+    def default() -> dict[str, DpkgEntry]:  # no output: none installed
+        return {}
+
     def command(self, patterns: Iterable[str]) -> str:
         quoted = " ".join(shlex.quote(p) for p in patterns)
         return f"dpkg-query -W -f='${{Package}}\\t${{Version}}\\t${{db:Status-Abbrev}}\\n' {quoted} 2>/dev/null || true"
@@ -69,6 +74,10 @@ def parse_dpkg_query(lines: Iterable[str]) -> dict[str, DpkgEntry]:
 class SecureBoot(FactBase[str]):
     """UEFI Secure Boot: `enabled`, `disabled` or `unknown` (no mokutil, no EFI variables: e.g. BIOS boot)."""
 
+    @staticmethod
+    def default() -> str:
+        return "unknown"
+
     def command(self) -> str:
         return (
             "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
@@ -90,6 +99,10 @@ def parse_secure_boot(lines: list[str]) -> str:
 
 class StaleInitrds(FactBase[list[str]]):
     """Initrd images under /boot older than `newer_than` (none in a container, which has no /boot images)."""
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
 
     def command(self, newer_than: str) -> str:
         path = shlex.quote(newer_than)
@@ -152,10 +165,8 @@ def parse_stack(lines: Iterable[str]) -> StackObserved:
     if {"MAJOR", "MINOR", "PATCHLEVEL"} <= defines.keys():
         cudnn = f"{defines['MAJOR']}.{defines['MINOR']}.{defines['PATCHLEVEL']}"
     cuda = None
-    try:
+    with contextlib.suppress(ValueError, KeyError, TypeError):
         cuda = json.loads("".join(sections.get("cuda", [])))["cuda"]["version"]
-    except (ValueError, KeyError, TypeError):
-        pass
     module = sections.get("module", [])
     nvcc = sections.get("nvcc", [])
     link = sections.get("link", [])

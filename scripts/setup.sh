@@ -11,6 +11,7 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils  # lab VM hosts (software emulation)
   nftables iptables iproute2 util-linux  # lab networking (bridge, veth, NAT), undone at lab down
   openssh-client              # reaching lab hosts over real SSH
+  dpkg-dev gnupg              # the lab's signed NVIDIA apt mirror (dpkg-scanpackages, gpg; issue 4)
   prometheus                  # promtool and a real Prometheus for the service's SLO and scrape tests
   python3-venv
 )

@@ -286,7 +286,9 @@ def build_deb(package: StandinPackage, out_dir: Path) -> Path:
                 (debian / script).chmod(0o755)
         deb = out_dir / f"{package.name}_{package.version.replace(':', '%3a')}_amd64.deb"
         subprocess.run(
-            ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)], capture_output=True, check=True
+            ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
+            capture_output=True,
+            check=True,
         )
         return deb
 

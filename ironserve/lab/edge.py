@@ -5,6 +5,8 @@
 machine's 127.0.0.1 (the admin side, like a real iDRAC on the management network). After a Redfish reset
 the emulator writes the applied BIOS attributes into the host, so the stand-ins show the change.
 `detach` stops the emulator. Both are idempotent; the emulator's pid and URL live in the lab state.
+Each host also gets its own server of the lab's signed NVIDIA apt mirror (ironserve/lab/aptrepo.py, issue 4),
+started and stopped the same way (pid, URL and key path in the host's `extra`).
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@ def _entry(host: state.LabHost) -> HostEntry:
     if host.extra.get("aptrepo_url"):  # the lab NVIDIA mirror (ironserve/lab/aptrepo.py), as an air-gapped site's
         data["nvidia_repo_url"] = host.extra["aptrepo_url"]
         data["nvidia_repo_key"] = host.extra["aptrepo_key"]
+    if host.kind == "vm":
+        # Under software emulation unpacking linux-headers and mkinitramfs each take over 10 minutes
+        # (measured); the VM hosts are for GRUB and reboots, so the NVIDIA role skips both there.
+        data["nvidia_kernel_headers"] = False
+        data["nvidia_rebuild_initramfs"] = False
     return host.name, data
 
 

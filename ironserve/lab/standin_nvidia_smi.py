@@ -174,7 +174,9 @@ def topo() -> int:
     print()
     print("  X    = Self")
     print("  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)")
-    print("  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node")
+    print(
+        "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node"
+    )
     print("  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)")
     print("  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)")
     print("  PIX  = Connection traversing at most a single PCIe bridge")

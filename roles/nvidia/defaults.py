@@ -15,6 +15,11 @@ DEFAULTS: dict[str, object] = {
     "nvidia_pin_priority": 1001,
     # CUDA_HOME exported system-wide (cuda-home-env); None: /usr/local/cuda-<lock's CUDA major.minor>.
     "nvidia_cuda_home": None,
+    # Install linux-headers for the running kernel (DKMS builds the driver module against them). False where
+    # the module comes prebuilt (Ubuntu's linux-modules-nvidia-<branch>-<flavour>) or the image carries them.
+    "nvidia_kernel_headers": True,
+    # Rebuild the initramfs (update-initramfs -u -k all) when an initrd predates the nouveau blacklist.
+    "nvidia_rebuild_initramfs": True,
     # Enable and start nvidia-persistenced (keeps the driver initialised between CUDA processes).
     "nvidia_persistenced": True,
 }

@@ -1,0 +1,303 @@
+"""Acceptance: roles/nvidia (catalog area driver_cuda; python_runtime where it is host-checkable).
+
+Host checks read what is installed (dpkg), what is on disk (version.json, cudnn_version.h, libraries) and
+what nvidia-smi reports. The `gpu` group checks the real thing (loaded module, deviceQuery, torch) and is
+skipped, saying why, on a host without an NVIDIA GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from ironserve.config import StackConfig
+from ironserve.config_nvidia import distro_key, pinned_packages
+from ironserve.lock import FORBIDDEN_DRIVERS
+
+PREFERENCES = "/etc/apt/preferences.d/ironserve-nvidia.pref"
+UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51ironserve-nvidia-blacklist"
+NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
+# deviceQuery built from NVIDIA/cuda-samples tag v11.8 (the toolkit ships no samples since CUDA 11.6).
+DEVICE_QUERY = "/opt/cuda-samples-11.8/bin/x86_64/linux/release/deviceQuery"
+DPKG = "dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n' "
+
+
+def _cuda_line(config: StackConfig) -> str:
+    return ".".join(config.lock.cuda.split(".")[:2])
+
+
+def _cuda_home(config: StackConfig) -> str:
+    return config.nvidia.cuda_home or f"/usr/local/cuda-{_cuda_line(config)}"
+
+
+def _pins(host: Any, config: StackConfig) -> dict[str, str]:
+    os_id, _, version = host.run(". /etc/os-release && echo $ID $VERSION_ID").stdout.strip().partition(" ")
+    return pinned_packages(config.profile.packages, distro_key(os_id, version))
+
+
+def _installed(host: Any, patterns: list[str]) -> dict[str, tuple[str, str]]:
+    out = host.run(DPKG + " ".join(f"'{p}'" for p in patterns) + " 2>/dev/null").stdout
+    rows = (line.split("\t") for line in out.splitlines())
+    return {r[0]: (r[1], r[2].strip()) for r in rows if len(r) == 3 and r[2][1:2] == "i"}
+
+
+def _smi_drivers(host: Any) -> list[str]:
+    return host.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").stdout.split()
+
+
+@pytest.mark.invariant("drv-version")
+def test_nvidia_smi_reports_the_locked_driver(host: Any, config: StackConfig, observe: Any) -> None:
+    drivers = _smi_drivers(host)
+    observe(drivers)
+    assert drivers == [config.lock.driver]
+
+
+@pytest.mark.invariant("drv-avoid-525-60-13")
+def test_driver_is_not_a_forbidden_one(host: Any, observe: Any) -> None:
+    drivers = _smi_drivers(host)
+    observe(drivers)
+    assert drivers and not set(drivers) & set(FORBIDDEN_DRIVERS)
+
+
+@pytest.mark.invariant("drv-version", "drv-driver-cuda-compat", "cuda-version", "cudnn-version", "tensorrt-version")
+def test_the_whole_lock_is_installed_exactly_and_held(host: Any, config: StackConfig, observe: Any) -> None:
+    pins = _pins(host, config)
+    installed = _installed(host, list(pins))
+    observe({name: version for name, (version, _) in installed.items()})
+    assert pins, "the profile pins no packages for this OS"
+    assert {name: version for name, (version, _) in installed.items()} == pins
+    assert [name for name, (_, status) in installed.items() if not status.startswith("h")] == []
+
+
+@pytest.mark.invariant("drv-version", "drv-driver-cuda-compat")
+def test_apt_pins_every_locked_version_above_1000(host: Any, config: StackConfig, observe: Any) -> None:
+    stanzas = host.file(PREFERENCES).content_string.split("\n\n")
+    pinned = {}
+    for stanza in stanzas:
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith("#"))
+        if "Package" in fields:
+            pinned[fields["Package"]] = (fields["Pin"].removeprefix("version "), int(fields["Pin-Priority"]))
+    observe(pinned)
+    assert {name: version for name, (version, _) in pinned.items()} == _pins(host, config)
+    assert all(priority > 1000 for _, priority in pinned.values())
+
+
+@pytest.mark.invariant("drv-version")
+def test_unattended_upgrades_leave_the_lock_alone(host: Any, config: StackConfig, observe: Any) -> None:
+    content = host.file(UNATTENDED_BLACKLIST).content_string
+    observe(content.count("$"))
+    assert "Unattended-Upgrade::Package-Blacklist" in content
+    for name in _pins(host, config):
+        assert f'"{re.escape(name)}$";' in content
+
+
+@pytest.mark.invariant("cuda-toolkit-without-bundled-driver")
+def test_cuda_toolkit_came_without_its_bundled_driver(host: Any, config: StackConfig, observe: Any) -> None:
+    # cuda-X-Y and cuda-drivers* pull a driver in; the toolkit package alone does not.
+    line = _cuda_line(config).replace(".", "-")
+    metas = _installed(host, [f"cuda-{line}", "cuda-drivers*"])
+    drivers = _smi_drivers(host)
+    observe({"driver": drivers, "driver metapackages": sorted(metas)})
+    assert metas == {}
+    assert drivers == [config.lock.driver]
+
+
+@pytest.mark.invariant("cuda-version")
+def test_cuda_toolkit_version_on_disk(host: Any, config: StackConfig, observe: Any) -> None:
+    home = _cuda_home(config)
+    version = json.loads(host.file(f"{home}/version.json").content_string)["cuda"]["version"]
+    nvcc = host.run(f"{home}/bin/nvcc --version").stdout
+    observe(version)
+    assert version == config.lock.cuda
+    assert f"release {_cuda_line(config)}," in nvcc
+
+
+@pytest.mark.invariant("cuda-no-12x")
+def test_no_other_cuda_toolkit_and_cuda_link_is_the_lock(host: Any, config: StackConfig, observe: Any) -> None:
+    toolkits = host.run("ls -d /usr/local/cuda-* 2>/dev/null").stdout.split()
+    link = host.run("readlink -f /usr/local/cuda").stdout.strip()
+    observe({"toolkits": toolkits, "/usr/local/cuda": link})
+    assert toolkits == [_cuda_home(config)]
+    assert link == _cuda_home(config)
+
+
+@pytest.mark.invariant("cudnn-version", "cudnn-verify-method")
+def test_cudnn_header_defines_the_locked_version(host: Any, config: StackConfig, observe: Any) -> None:
+    # The correction: cudnn_version.h (CUDNN_MAJOR is a header macro, not a string in the library).
+    header = host.run(
+        "cat $(ls /usr/include/cudnn_version.h /usr/include/x86_64-linux-gnu/cudnn_version_v8.h 2>/dev/null | head -1)"
+    ).stdout
+    defines = dict(
+        line.split()[1:3] for line in header.splitlines() if line.startswith("#define CUDNN_") and len(line.split()) > 2
+    )
+    version = ".".join(defines.get(k, "?") for k in ("CUDNN_MAJOR", "CUDNN_MINOR", "CUDNN_PATCHLEVEL"))
+    observe(version)
+    assert version == config.lock.cudnn.version
+    major = config.lock.cudnn.version.split(".")[0]
+    assert host.file(f"/usr/lib/x86_64-linux-gnu/libcudnn.so.{major}").exists
+
+
+@pytest.mark.invariant("tensorrt-version")
+def test_tensorrt_is_the_locked_cuda_build(host: Any, config: StackConfig, observe: Any) -> None:
+    trt = config.lock.tensorrt
+    if trt is None:
+        pytest.skip(f"profile {config.profile_name} locks no TensorRT")
+    major = trt.version.split(".")[0]
+    installed = _installed(host, [f"libnvinfer{major}"])
+    version = installed.get(f"libnvinfer{major}", ("absent", ""))[0]
+    observe(version)
+    # The correction: the pin is the package flavour (+cuda11.8), not a CUDA patch level.
+    assert version == f"{trt.version}-1+cuda{trt.cuda}"
+    assert host.file(f"/usr/lib/x86_64-linux-gnu/libnvinfer.so.{'.'.join(trt.version.split('.')[:3])}").exists
+
+
+@pytest.mark.invariant("drv-no-distro-driver")
+def test_only_the_pinned_driver_packages_are_installed(host: Any, config: StackConfig, observe: Any) -> None:
+    pins = _pins(host, config)
+    drivers = {n: v for n, (v, _) in _installed(host, ["nvidia-driver*"]).items()}
+    observe(drivers)
+    assert drivers
+    assert all(pins.get(name) == version for name, version in drivers.items())
+
+
+@pytest.mark.invariant("drv-update-initramfs")
+def test_nouveau_is_blacklisted(host: Any, observe: Any) -> None:
+    content = host.file(NOUVEAU_BLACKLIST).content_string
+    observe(content.count("nouveau"))
+    assert "blacklist nouveau" in content.splitlines()
+
+
+@pytest.mark.invariant("drv-update-initramfs")
+def test_every_initrd_was_rebuilt_after_the_blacklist(
+    host: Any, config: StackConfig, container_kind: str | None, observe: Any
+) -> None:
+    if not config.nvidia.rebuild_initramfs:
+        pytest.skip("nvidia_rebuild_initramfs is off for this host")
+    initrds = host.run("ls /boot/initrd.img-* 2>/dev/null").stdout.split()
+    if not initrds and container_kind:
+        pytest.skip(f"no initrd in a {container_kind} container: the kernel and its initramfs are the machine's")
+    stale = [f for f in initrds if host.run(f"test {f} -ot {NOUVEAU_BLACKLIST}").succeeded]
+    observe({"initrds": len(initrds), "stale": stale})
+    assert initrds and stale == []
+
+
+@pytest.mark.invariant("drv-install-kernel-headers")
+def test_kernel_headers_of_the_running_kernel(
+    host: Any, config: StackConfig, container_kind: str | None, observe: Any
+) -> None:
+    release = host.run("uname -r").stdout.strip()
+    if not config.nvidia.kernel_headers:
+        pytest.skip("nvidia_kernel_headers is off for this host (prebuilt driver module, or headers in the image)")
+    if container_kind:
+        pytest.skip(f"a {container_kind} container runs the machine's kernel ({release}); no headers to build against")
+    installed = _installed(host, [f"linux-headers-{release}"])
+    observe(sorted(installed))
+    assert f"linux-headers-{release}" in installed
+
+
+@pytest.mark.invariant("cuda-home-env")
+def test_cuda_home_is_set_system_wide(host: Any, config: StackConfig, observe: Any) -> None:
+    home = _cuda_home(config)
+    login = host.run("bash -lc 'echo $CUDA_HOME'").stdout.strip()
+    environment = host.file("/etc/environment").content_string.splitlines()
+    observe(login)
+    assert f"export CUDA_HOME={home}" in host.file("/etc/profile.d/cuda.sh").content_string
+    assert f"CUDA_HOME={home}" in environment
+    assert login == home
+
+
+def test_persistence_daemon_enabled_and_running(host: Any, config: StackConfig, observe: Any) -> None:
+    if not config.nvidia.persistenced:
+        pytest.skip("nvidia_persistenced is off in the inventory")
+    service = host.service("nvidia-persistenced")
+    observe({"enabled": service.is_enabled, "running": service.is_running})
+    assert service.is_enabled and service.is_running
+
+
+@pytest.mark.invariant("gpu-firmware-version")
+def test_every_card_reports_one_vbios_per_model(host: Any, observe: Any) -> None:
+    # The correction: no FP8 firmware expectation; record the VBIOS per card and flag cards that differ.
+    rows = host.run("nvidia-smi --query-gpu=index,name,vbios_version --format=csv,noheader").stdout.splitlines()
+    cards = [tuple(cell.strip() for cell in row.split(",")) for row in rows if row.strip()]
+    observe({index: vbios for index, _, vbios in cards})
+    assert cards and all(vbios for _, _, vbios in cards)
+    by_model: dict[str, set[str]] = {}
+    for _, name, vbios in cards:
+        by_model.setdefault(name, set()).add(vbios)
+    assert all(len(versions) == 1 for versions in by_model.values()), by_model
+
+
+@pytest.mark.invariant("drv-mac-not-blocking-nvidiactl")
+def test_no_mandatory_access_control_denial_on_nvidia_devices(
+    host: Any, container_kind: str | None, observe: Any
+) -> None:
+    if container_kind:
+        pytest.skip(f"the kernel log belongs to the machine, not to a {container_kind} container")
+    denials = host.run(
+        "journalctl -k --since -1h --no-pager | grep -Eci 'avc:.*denied.*nvidia|apparmor=\"DENIED\".*nvidia'"
+    ).stdout.strip()
+    observe(denials)
+    assert denials == "0"
+
+
+# --- on a real GPU only -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gpu(host: Any) -> None:
+    if not host.file("/dev/nvidiactl").exists:
+        pytest.skip("no NVIDIA GPU on this host (/dev/nvidiactl absent): real-hardware check")
+
+
+def _torch(host: Any, code: str) -> str:
+    result = host.run(f"python3 -c {json.dumps('import torch;' + code)}")
+    if "No module named 'torch'" in result.stderr:
+        pytest.skip("torch is not installed for the host's python3 (the inference service's venv carries it)")
+    assert result.rc == 0, result.stderr
+    return str(result.stdout.strip())
+
+
+@pytest.mark.gpu
+@pytest.mark.invariant("drv-version", "drv-update-initramfs")
+def test_loaded_module_is_the_locked_driver(host: Any, gpu: None, config: StackConfig, observe: Any) -> None:
+    version = host.file("/proc/driver/nvidia/version").content_string
+    modules = host.run("lsmod").stdout.split()
+    observe(version.splitlines()[0] if version else None)
+    assert config.lock.driver in version
+    assert "nvidia" in modules and "nouveau" not in modules
+
+
+@pytest.mark.gpu
+@pytest.mark.invariant("cuda-devicequery-pass")
+def test_device_query_passes(host: Any, gpu: None, observe: Any) -> None:
+    assert host.file(DEVICE_QUERY).exists, f"build deviceQuery from NVIDIA/cuda-samples v11.8 into {DEVICE_QUERY}"
+    last = host.run(DEVICE_QUERY).stdout.strip().splitlines()[-1]
+    observe(last)
+    assert last == "Result = PASS"
+
+
+@pytest.mark.gpu
+@pytest.mark.invariant("py-torch-cuda-available", "drv-driver-cuda-compat")
+def test_torch_sees_the_gpu(host: Any, gpu: None, config: StackConfig, observe: Any) -> None:
+    out = _torch(host, "print(torch.cuda.is_available(), torch.version.cuda)")
+    observe(out)
+    assert out == f"True {_cuda_line(config)}"
+
+
+@pytest.mark.gpu
+@pytest.mark.invariant("py-torch-device-props")
+def test_torch_device_properties(host: Any, gpu: None, config: StackConfig, observe: Any) -> None:
+    out = _torch(host, "p=torch.cuda.get_device_properties(0);print(f'{p.major}.{p.minor}')")
+    observe(out)
+    assert out == config.profile.gpu.compute_capability
+
+
+@pytest.mark.gpu
+@pytest.mark.invariant("cuda-nccl-present")
+def test_nccl_is_present(host: Any, gpu: None, observe: Any) -> None:
+    out = _torch(host, "print(torch.cuda.nccl.version())")
+    observe(out)
+    assert out.startswith("(") or out[:1].isdigit()
