@@ -1,7 +1,8 @@
 """ironserve's main deploy: `pyinfra inventory/<site>.py deploy.py`.
 
-Only wiring: validate this host's inventory into one StackConfig, then run the roles of its groups.
+Only wiring: validate this host's inventory into one StackConfig, then run its roles in order.
 An invalid inventory raises before any operation is queued, so no host is changed.
+`ironserve_roles` (or `ironserve deploy --roles a,b`) narrows a run to some roles; default all.
 """
 
 from pyinfra.context import host
@@ -14,18 +15,17 @@ from roles.nvidia import nvidia
 from roles.preflight import preflight
 from roles.security import security
 
+# In order: the BIOS through the iDRAC and the preflight gate stop a physically wrong host before
+# anything is installed; then the pinned NVIDIA set, the OS tuning, the security boundary, the runtime.
+ROLES = {
+    "bios": bios,
+    "preflight": preflight,
+    "nvidia": nvidia,
+    "host_tuning": host_tuning,
+    "security": security,
+    "container_runtime": container_runtime,
+}
+
 config = config_for(host)
-
-# Hardware first (issue 3): the BIOS through the iDRAC, then the preflight gate, which stops a host
-# that is physically wrong before anything else runs on it.
-bios(config=config)
-preflight(config=config)
-
-# The NVIDIA stack as one pinned lock (issue 4): driver, CUDA, cuDNN, TensorRT from the signed mirror.
-nvidia(config=config)
-
-host_tuning(config=config)
-
-# Security boundary, then the container runtime (issue 5).
-security(config=config)
-container_runtime(config=config)
+for role in config.roles:
+    ROLES[role](config=config)

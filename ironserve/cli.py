@@ -18,8 +18,8 @@ from ironserve.lock import check_lock
 from ironserve.paths import REPO_ROOT
 
 
-def _validated(inventory: str) -> tuple[list, dict]:  # type: ignore[type-arg]
-    hosts = load_inventory(inventory)
+def _validated(inventory: str, override: dict[str, str] | None = None) -> tuple[list, dict]:  # type: ignore[type-arg]
+    hosts = load_inventory(inventory, override)
     configs, problems = validate_inventory(hosts)
     if problems:
         print("invalid inventory, no host was contacted:", file=sys.stderr)
@@ -49,15 +49,18 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    _validated(args.inventory)
+    override = {"ironserve_roles": args.roles} if args.roles else {}
+    _validated(args.inventory, override)
     # pyinfra from this interpreter's environment, whether or not that environment is on PATH.
     limits = [arg for name in args.limit or [] for arg in ("--limit", name)]
+    data = [arg for key, value in override.items() for arg in ("--data", f"{key}={value}")]
     argv = [
         sys.executable,
         "-m",
         "pyinfra",
         "-y",
         *limits,
+        *data,
         *args.pyinfra_args,
         args.inventory,
         str(REPO_ROOT / "deploy.py"),
@@ -66,7 +69,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    hosts, configs = _validated(args.inventory)
+    hosts, configs = _validated(args.inventory, {"ironserve_roles": args.roles} if args.roles else {})
     if args.limit:
         unknown = set(args.limit) - {h.name for h in hosts}
         if unknown:
@@ -117,6 +120,7 @@ def parser() -> argparse.ArgumentParser:
     deploy = sub.add_parser("deploy", help="validate the inventory, then run deploy.py with pyinfra")
     deploy.add_argument("inventory")
     deploy.add_argument("--limit", action="append", help="deploy only this host (repeatable)")
+    deploy.add_argument("--roles", help="apply only these roles, comma-separated (default: all, in order)")
     deploy.add_argument("pyinfra_args", nargs=argparse.REMAINDER, help="passed to pyinfra, e.g. -v")
     deploy.set_defaults(func=cmd_deploy)
 
@@ -124,6 +128,9 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("inventory")
     check.add_argument("--reports", default=str(REPO_ROOT / "reports"), help="folder for per-host JSON reports")
     check.add_argument("--limit", action="append", help="verify only this host (repeatable)")
+    check.add_argument(
+        "--roles", help="check only these roles' invariants, comma-separated (default: the host's roles)"
+    )
     check.add_argument("pytest_args", nargs=argparse.REMAINDER)
     check.set_defaults(func=cmd_verify)
 

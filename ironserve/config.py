@@ -16,10 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-# issue 4: the NVIDIA stack (models in config_nvidia.py)
 from ironserve.config_nvidia import AptPackages, NvidiaSettings, package_violations
-
-# issue 5: security + container runtime (models in config_security.py)
 from ironserve.config_security import ContainerRuntimeSettings, SecuritySettings
 from ironserve.lock import LockViolation, StackLock, check_lock
 from roles.bios.defaults import DEFAULTS as BIOS_DEFAULTS
@@ -30,11 +27,16 @@ from roles.preflight.defaults import DEFAULTS as PREFLIGHT_DEFAULTS
 from roles.security.defaults import DEFAULTS as SECURITY_DEFAULTS
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
-ROLE_DEFAULTS: tuple[Mapping[str, object], ...] = (HOST_TUNING_DEFAULTS, PREFLIGHT_DEFAULTS, BIOS_DEFAULTS)
-ROLE_DEFAULTS += (SECURITY_DEFAULTS, CONTAINER_RUNTIME_DEFAULTS)  # issue 5
-ROLE_DEFAULTS += (NVIDIA_DEFAULTS,)  # issue 4
-
-ISSUE5_SECTIONS = frozenset({"security", "container_runtime"})
+# Every role in deploy order; each reads the inventory keys prefixed with its name.
+ROLE_NAMES = ("bios", "preflight", "nvidia", "host_tuning", "security", "container_runtime")
+ROLE_DEFAULTS: tuple[Mapping[str, object], ...] = (
+    BIOS_DEFAULTS,
+    PREFLIGHT_DEFAULTS,
+    NVIDIA_DEFAULTS,
+    HOST_TUNING_DEFAULTS,
+    SECURITY_DEFAULTS,
+    CONTAINER_RUNTIME_DEFAULTS,
+)
 SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[A-Za-z0-9_-]+)+$")
 # Keys whose value is a pair of ports, low before high.
 PORT_RANGE_KEYS = frozenset({"net.ipv4.ip_local_port_range"})
@@ -60,7 +62,7 @@ class ServerSpec(BaseModel):
     pcie_gen: int = Field(ge=1, le=6)
 
 
-# --- preflight (issue 3): what the physical host must be, as profile data ---------------------------------
+# What the physical host must be, as profile data (roles/preflight).
 
 
 class PreflightSpec(BaseModel):
@@ -87,7 +89,7 @@ class Profile(BaseModel):
     gpu: GpuSpec
     lock: StackLock
     preflight: PreflightSpec | None = None  # None: the profile states no hardware expectations
-    packages: AptPackages | None = None  # issue 4: exact apt versions of the lock per target OS
+    packages: AptPackages | None = None  # exact apt versions of the lock per target OS
 
 
 def load_profile(name: str) -> Profile:
@@ -191,9 +193,22 @@ class StackConfig(BaseModel):
     host_tuning: HostTuning
     preflight: PreflightSettings
     bios: BiosSettings
-    security: SecuritySettings  # issue 5
-    container_runtime: ContainerRuntimeSettings  # issue 5
-    nvidia: NvidiaSettings  # issue 4
+    security: SecuritySettings
+    container_runtime: ContainerRuntimeSettings
+    nvidia: NvidiaSettings
+    # The roles this run applies, in deploy order (ironserve_roles: a list or "a,b"; default all).
+    roles: tuple[str, ...] = Field(alias="ironserve_roles")
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _known_roles_in_order(cls, raw: object) -> tuple[str, ...]:
+        names = raw.split(",") if isinstance(raw, str) else raw
+        if not isinstance(names, list | tuple) or not names:
+            raise ValueError(f"expected a non-empty list of roles; accepted: {', '.join(ROLE_NAMES)}")
+        unknown = [n for n in names if n not in ROLE_NAMES]
+        if unknown:
+            raise ValueError(f"unknown role {unknown[0]!r}; accepted: {', '.join(ROLE_NAMES)}")
+        return tuple(n for n in ROLE_NAMES if n in names)
 
     @property
     def lock(self) -> StackLock:
@@ -206,7 +221,7 @@ class ConfigError(Exception):
 
 def _location(loc: tuple[int | str, ...]) -> str:
     # Drop the model's section names so the message shows the inventory key the admin wrote.
-    parts = [p for p in loc if p not in {"host_tuning", "profile", "preflight", "bios", "nvidia"} | ISSUE5_SECTIONS]
+    parts = [p for p in loc if p not in {"profile", *ROLE_NAMES}]
     if not parts:
         return "(inventory)"
     head, *rest = parts
@@ -273,21 +288,15 @@ def build_config(host: str, data: Mapping[str, Any]) -> StackConfig:
                 "host": host,
                 "ironserve_profile": profile_name,
                 "profile": {**profile_data, "name": profile_name},
-                "host_tuning": {k: v for k, v in merged.items() if k.startswith("host_tuning_")},
-                "preflight": {k: v for k, v in merged.items() if k.startswith("preflight_")},
-                "bios": {k: v for k, v in merged.items() if k.startswith("bios_")},
-                **{
-                    section: {k: v for k, v in merged.items() if k.startswith(section + "_")}
-                    for section in ISSUE5_SECTIONS
-                },
-                "nvidia": {k: v for k, v in merged.items() if k.startswith("nvidia_")},  # issue 4
+                "ironserve_roles": merged.get("ironserve_roles", ROLE_NAMES),
+                **{role: {k: v for k, v in merged.items() if k.startswith(role + "_")} for role in ROLE_NAMES},
             }
         )
     except ValidationError as exc:
         errors = _describe(host, exc)
         raise ConfigError("\n".join(errors)) from None
     violations = check_lock(config.lock)
-    violations += package_violations(config.lock, config.profile.packages)  # issue 4
+    violations += package_violations(config.lock, config.profile.packages)
     if violations:
         raise ConfigError("\n".join(lock_messages(host, violations)))
     return config

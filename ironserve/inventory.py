@@ -21,13 +21,17 @@ class InventoryHost:
     data: dict[str, Any]
 
 
-def load_inventory(path: str) -> list[InventoryHost]:
+def load_inventory(path: str, override: dict[str, str] | None = None) -> list[InventoryHost]:
+    """The inventory's hosts and data, without connecting; `override` wins like pyinfra's --data."""
     if not Path(path).exists():
         raise FileNotFoundError(f"inventory file {path} does not exist")
     # pyinfra's loader records the file it executes on the current State: give it one (as its CLI does).
     with ctx_state.use(State()):
         inventory = make_inventory(path, cwd=str(REPO_ROOT))
-    return [InventoryHost(name=host.name, groups=tuple(host.groups), data=dict(host.data.dict())) for host in inventory]
+    return [
+        InventoryHost(name=host.name, groups=tuple(host.groups), data={**host.data.dict(), **(override or {})})
+        for host in inventory
+    ]
 
 
 def validate_inventory(hosts: list[InventoryHost]) -> tuple[dict[str, StackConfig], list[str]]:

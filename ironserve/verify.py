@@ -39,6 +39,12 @@ def ssh_config(hosts: list[InventoryHost], control_dir: Path) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
+def acceptance_files(configs: dict[str, StackConfig]) -> list[str]:
+    """The acceptance files of the roles these hosts run (tests/acceptance/test_<role>.py mirrors roles/<role>)."""
+    roles = {role for config in configs.values() for role in config.roles}
+    return [str(path) for path in sorted(ACCEPTANCE_DIR.glob("test_*.py")) if path.stem.removeprefix("test_") in roles]
+
+
 def run(hosts: list[InventoryHost], configs: dict[str, StackConfig], report_dir: Path, pytest_args: list[str]) -> int:
     report_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ironserve-verify-") as tmp:
@@ -52,7 +58,7 @@ def run(hosts: list[InventoryHost], configs: dict[str, StackConfig], report_dir:
             sys.executable,
             "-m",
             "pytest",
-            str(ACCEPTANCE_DIR),
+            *acceptance_files({h.name: configs[h.name] for h in hosts}),
             "-p",
             "no:cacheprovider",
             f"--ssh-config={config_file}",

@@ -11,8 +11,10 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils  # lab VM hosts (software emulation)
   nftables iptables iproute2 util-linux  # lab networking (bridge, veth, NAT), undone at lab down
   openssh-client              # reaching lab hosts over real SSH
-  dpkg-dev gnupg              # the lab's signed NVIDIA apt mirror (dpkg-scanpackages, gpg; issue 4)
+  dpkg-dev gnupg              # the lab's signed NVIDIA apt mirror (dpkg-scanpackages, gpg)
   prometheus                  # promtool and a real Prometheus for the service's SLO and scrape tests
+  etcd-server etcd-client     # the hot swap's source of truth, run for real in the service's tests
+  curl                        # HTTP/2 (h2c) clients in the hot-swap tests
   python3-venv
 )
 

@@ -32,9 +32,11 @@ def _limits(hosts: list[LabHost]) -> list[str]:
     return [arg for host in hosts for arg in ("--limit", host.name)]
 
 
-def deploy(hosts: list[LabHost], inventory: str = "inventory/lab.py") -> DeployResult:
+def deploy(hosts: list[LabHost], inventory: str = "inventory/lab.py", roles: tuple[str, ...] = ()) -> DeployResult:
+    """`ironserve deploy` of `inventory` to `hosts` only; `roles` narrows the run (default all roles)."""
+    only = ["--roles", ",".join(roles)] if roles else []
     result = subprocess.run(
-        [sys.executable, "-m", "ironserve", "deploy", *_limits(hosts), inventory],
+        [sys.executable, "-m", "ironserve", "deploy", *_limits(hosts), *only, inventory],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -48,9 +50,11 @@ def deploy(hosts: list[LabHost], inventory: str = "inventory/lab.py") -> DeployR
     return DeployResult(result.returncode, changed, errors, unchanged, output)
 
 
-def verify(hosts: list[LabHost], *pytest_args: str) -> subprocess.CompletedProcess[str]:
+def verify(hosts: list[LabHost], *pytest_args: str, roles: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """`ironserve verify` of `hosts` only; `roles` narrows the gate to those roles' acceptance files."""
+    only = ["--roles", ",".join(roles)] if roles else []
     return subprocess.run(
-        [sys.executable, "-m", "ironserve", "verify", *_limits(hosts), "inventory/lab.py", *pytest_args],
+        [sys.executable, "-m", "ironserve", "verify", *_limits(hosts), *only, "inventory/lab.py", *pytest_args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

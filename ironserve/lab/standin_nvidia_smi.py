@@ -69,6 +69,7 @@ FIELDS: dict[str, tuple[str, Any]] = {
     "memory.used": ("MiB", lambda i, g: "0"),
     "memory.free": ("MiB", lambda i, g: str(g["memory_mib"])),
     "power.limit": ("W", lambda i, g: f"{g['board_power_w']:.2f}"),
+    "power.default_limit": ("W", lambda i, g: f"{g['board_power_w']:.2f}"),
     "power.draw": ("W", lambda i, g: "15.00"),
     "temperature.gpu": ("", lambda i, g: "31"),
     "utilization.gpu": ("%", lambda i, g: "0"),

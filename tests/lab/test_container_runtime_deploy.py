@@ -13,12 +13,13 @@ import pytest
 
 from ironserve.config import build_config
 from ironserve.containerd import ContainerdConfigError, check_config, render_config
-from ironserve.lab.deploying import verify
+from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
 from tests.lab.conftest import lab_containers
-from tests.lab.security_runtime import deploy_roles
 from tests.lab.ssh import ssh_run
 
+# Only the two roles under test: their own convergence and zero-change re-run.
+SECURITY_RUNTIME = ("security", "container_runtime")
 pytestmark = pytest.mark.lab
 CONFIG = "/etc/containerd/config.toml"
 SETTINGS = build_config("lab", {}).container_runtime
@@ -33,14 +34,14 @@ def ok(host: LabHost, command: str) -> str:
 @pytest.fixture(scope="module")
 def converged() -> Iterator[LabHost]:
     with lab_containers(1) as hosts:
-        first = deploy_roles(hosts)
+        first = deploy(hosts, roles=SECURITY_RUNTIME)
         assert first.returncode == 0, first.output
         assert first.changed > 0, first.output
         yield hosts[0]
 
 
 def test_second_deploy_reports_zero_changes(converged: LabHost) -> None:
-    again = deploy_roles([converged])
+    again = deploy([converged], roles=SECURITY_RUNTIME)
     assert again.returncode == 0, again.output
     assert (again.changed, again.errors) == (0, 0), again.output
 
@@ -74,14 +75,14 @@ def test_misspelt_key_accepted_by_containerd_refused_by_ironserve(converged: Lab
         with pytest.raises(ContainerdConfigError, match="SystemdCgrup: Extra inputs are not permitted"):
             check_config(ok(converged, f"cat {CONFIG}"))
     finally:
-        assert deploy_roles([converged]).returncode == 0
+        assert deploy([converged], roles=SECURITY_RUNTIME).returncode == 0
 
 
 def test_drift_restored_then_zero_changes(converged: LabHost) -> None:
     ok(converged, f"sed -i 's/SystemdCgroup = true/SystemdCgroup = false/' {CONFIG}")
     ok(converged, "systemctl stop containerd && systemctl disable containerd")
     ok(converged, "apt-mark unhold containerd")
-    restored = deploy_roles([converged])
+    restored = deploy([converged], roles=SECURITY_RUNTIME)
     assert restored.returncode == 0, restored.output
     assert restored.changed >= 3, restored.output
     assert ok(converged, "systemctl is-active containerd").strip() == "active"
@@ -89,17 +90,17 @@ def test_drift_restored_then_zero_changes(converged: LabHost) -> None:
     assert "SystemdCgroup = false" not in ok(converged, "containerd config dump")
     assert "containerd" in ok(converged, "apt-mark showhold").split()
     assert "Server:" in ok(converged, "ctr version")
-    again = deploy_roles([converged])
+    again = deploy([converged], roles=SECURITY_RUNTIME)
     assert (again.returncode, again.changed) == (0, 0), again.output
 
 
 def test_gate_passes_then_fails_on_a_flipped_driver(converged: LabHost) -> None:
-    gate = verify([converged], "-k", "test_container_runtime")
+    gate = verify([converged], roles=("container_runtime",))
     assert gate.returncode == 0, gate.stdout + gate.stderr
     ok(converged, f"sed -i 's/SystemdCgroup = true/SystemdCgroup = false/' {CONFIG} && systemctl restart containerd")
     try:
-        gate = verify([converged], "-k", "test_container_runtime")
+        gate = verify([converged], roles=("container_runtime",))
         assert gate.returncode != 0
         assert "test_systemd_cgroup_driver_for_every_runtime" in gate.stdout
     finally:
-        assert deploy_roles([converged]).returncode == 0
+        assert deploy([converged], roles=SECURITY_RUNTIME).returncode == 0

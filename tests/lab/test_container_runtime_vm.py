@@ -10,9 +10,11 @@ from __future__ import annotations
 import pytest
 
 from ironserve.lab import remote
+from ironserve.lab.deploying import deploy
 from ironserve.lab.state import LabHost
-from tests.lab.security_runtime import deploy_roles
 
+# Only the two roles under test: their own convergence and zero-change re-run.
+SECURITY_RUNTIME = ("security", "container_runtime")
 pytestmark = pytest.mark.vm
 SWAPFILE = "/ironserve-test.swap"
 
@@ -25,7 +27,7 @@ def deployed_vm(vm_host: LabHost) -> LabHost:
         f"&& echo '{SWAPFILE} none swap sw 0 0' >> /etc/fstab",
     )
     assert SWAPFILE in remote.run(vm_host, "cat /proc/swaps")
-    result = deploy_roles([vm_host])
+    result = deploy([vm_host], roles=SECURITY_RUNTIME)
     assert result.returncode == 0, result.output
     return vm_host
 
@@ -66,5 +68,5 @@ def test_containerd_answers_and_memory_max_reaches_the_kernel(deployed_vm: LabHo
 
 
 def test_second_run_changes_nothing(deployed_vm: LabHost) -> None:
-    again = deploy_roles([deployed_vm])
+    again = deploy([deployed_vm], roles=SECURITY_RUNTIME)
     assert (again.returncode, again.changed) == (0, 0), again.output

@@ -19,12 +19,14 @@ from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
 
 pytestmark = pytest.mark.lab
+# The role under test alone: its own convergence, zero-change re-run and gate (deploy.py runs them all).
+HOST_TUNING = ("host_tuning",)
 SYSCTL_FILE = "/etc/sysctl.d/90-ironserve.conf"
 
 
 @pytest.fixture(scope="module")
 def converged(container_hosts: list[LabHost]) -> list[LabHost]:
-    first = deploy(container_hosts)
+    first = deploy(container_hosts, roles=HOST_TUNING)
     assert first.returncode == 0, first.output
     assert first.changed > 0, first.output
     return container_hosts
@@ -46,7 +48,7 @@ def test_kernel_global_keys_are_persisted_not_forced_in_a_container(converged: l
 
 
 def test_second_deploy_reports_zero_changes(converged: list[LabHost]) -> None:
-    again = deploy(converged)
+    again = deploy(converged, roles=HOST_TUNING)
     assert again.returncode == 0, again.output
     assert (again.changed, again.errors) == (0, 0), again.output
 
@@ -58,7 +60,7 @@ def test_drift_is_restored_and_gate_passes(converged: list[LabHost]) -> None:
     remote.run(host, f"sed -i 's/^net.core.rmem_max = .*/net.core.rmem_max = 1000/' {SYSCTL_FILE}")
     remote.run(host, "systemctl disable systemd-timesyncd")
 
-    restored = deploy(converged)
+    restored = deploy(converged, roles=HOST_TUNING)
     assert restored.returncode == 0, restored.output
     assert restored.changed >= 4, restored.output
     assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "0"
@@ -66,20 +68,20 @@ def test_drift_is_restored_and_gate_passes(converged: list[LabHost]) -> None:
     assert "net.core.rmem_max = 26214400" in remote.run(host, f"cat {SYSCTL_FILE}")
     assert remote.run(host, "systemctl is-enabled systemd-timesyncd").strip() == "enabled"
 
-    gate = verify(converged)
+    gate = verify(converged, roles=HOST_TUNING)
     assert gate.returncode == 0, gate.stdout + gate.stderr
-    assert deploy(converged).changed == 0
+    assert deploy(converged, roles=HOST_TUNING).changed == 0
 
 
 def test_gate_fails_on_drift(converged: list[LabHost], tmp_path: Path) -> None:
     host = converged[0]
     remote.run(host, "sysctl -w net.ipv4.tcp_slow_start_after_idle=1")
     try:
-        gate = verify([host], "-k", "tcp_slow_start")
+        gate = verify([host], "-k", "tcp_slow_start", roles=HOST_TUNING)
         assert gate.returncode != 0
         assert "net.ipv4.tcp_slow_start_after_idle" in gate.stdout
     finally:
-        assert deploy(converged).returncode == 0
+        assert deploy(converged, roles=HOST_TUNING).returncode == 0
 
 
 def _inventory(tmp_path: Path, host: LabHost, extra: str) -> str:
@@ -107,7 +109,7 @@ def test_invalid_inventory_stops_before_any_host_is_touched(converged: list[LabH
         assert "no host was contacted" in bad.output
         assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "1"
     finally:
-        assert deploy(converged).returncode == 0
+        assert deploy(converged, roles=HOST_TUNING).returncode == 0
 
 
 def test_pyinfra_direct_run_with_bad_data_changes_nothing(converged: list[LabHost], tmp_path: Path) -> None:
@@ -127,4 +129,4 @@ def test_pyinfra_direct_run_with_bad_data_changes_nothing(converged: list[LabHos
         assert "host_tuning_reboot_policy" in run.stdout + run.stderr
         assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "1"
     finally:
-        assert deploy(converged).returncode == 0
+        assert deploy(converged, roles=HOST_TUNING).returncode == 0

@@ -96,7 +96,7 @@ def test_drift_is_restored_then_zero_changes_and_gate_passes(converged: LabHost)
     again = deploy([host])
     assert (again.returncode, again.changed, again.errors) == (0, 0, 0), again.output
 
-    gate = verify([host], "-k", "test_nvidia")
+    gate = verify([host], roles=("nvidia",))
     assert gate.returncode == 0, gate.stdout + gate.stderr
 
 

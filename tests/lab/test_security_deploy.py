@@ -12,13 +12,14 @@ from collections.abc import Iterator
 import pytest
 
 from ironserve.config import build_config
-from ironserve.lab.deploying import verify
+from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
 from ironserve.security import DROPIN_NAME, dropin_properties, slice_cgroup, systemd_run_command
 from tests.lab.conftest import lab_containers
-from tests.lab.security_runtime import deploy_roles
 from tests.lab.ssh import ssh_run
 
+# Only the two roles under test: their own convergence and zero-change re-run.
+SECURITY_RUNTIME = ("security", "container_runtime")
 pytestmark = pytest.mark.lab
 SETTINGS = build_config("lab", {}).security
 DROPIN = f"/etc/systemd/system/ai-service.service.d/{DROPIN_NAME}"
@@ -50,7 +51,7 @@ def ok(host: LabHost, command: str) -> str:
 @pytest.fixture(scope="module")
 def converged() -> Iterator[LabHost]:
     with lab_containers(1) as hosts:
-        first = deploy_roles(hosts)
+        first = deploy(hosts, roles=SECURITY_RUNTIME)
         assert first.returncode == 0, first.output
         assert first.changed > 0, first.output
         ok(hosts[0], "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-numpy")
@@ -58,7 +59,7 @@ def converged() -> Iterator[LabHost]:
 
 
 def test_second_deploy_reports_zero_changes(converged: LabHost) -> None:
-    again = deploy_roles([converged])
+    again = deploy([converged], roles=SECURITY_RUNTIME)
     assert again.returncode == 0, again.output
     assert (again.changed, again.errors) == (0, 0), again.output
 
@@ -119,27 +120,27 @@ def test_drift_restored_then_zero_changes(converged: LabHost) -> None:
     ok(converged, f"chmod 0755 {SETTINGS.state_dir} && chmod 0777 {SETTINGS.model_dir}")
     ok(converged, f"sed -i 's/^NoNewPrivileges=yes/NoNewPrivileges=no/' {DROPIN}")
     ok(converged, "usermod -p plain-text-password ai-runner")
-    restored = deploy_roles([converged])
+    restored = deploy([converged], roles=SECURITY_RUNTIME)
     assert restored.returncode == 0, restored.output
     assert restored.changed >= 5, restored.output
     assert ok(converged, "getent passwd ai-runner").strip().endswith(":/bin/false")
     assert ok(converged, "passwd -S ai-runner").split()[1] == "L"
     assert ok(converged, f"stat -c %a {SETTINGS.state_dir} {SETTINGS.model_dir}").split() == ["700", "750"]
     assert "NoNewPrivileges=yes" in ok(converged, f"cat {DROPIN}")
-    again = deploy_roles([converged])
+    again = deploy([converged], roles=SECURITY_RUNTIME)
     assert (again.returncode, again.changed) == (0, 0), again.output
 
 
 def test_gate_passes_then_fails_on_a_login_shell(converged: LabHost) -> None:
-    gate = verify([converged], "-k", "test_security")
+    gate = verify([converged], roles=("security",))
     assert gate.returncode == 0, gate.stdout + gate.stderr
     ok(converged, "usermod -s /bin/bash ai-runner")
     try:
-        gate = verify([converged], "-k", "test_security")
+        gate = verify([converged], roles=("security",))
         assert gate.returncode != 0
         assert "test_service_user_is_a_system_account_without_login" in gate.stdout
     finally:
-        assert deploy_roles([converged]).returncode == 0
+        assert deploy([converged], roles=SECURITY_RUNTIME).returncode == 0
 
 
 @pytest.mark.invariant("cgroup-ai-service-devices-deny")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ironserve_service import artifacts, exporter, health, launcher, quality, slo
+from ironserve_service import artifacts, control, exporter, health, launcher, quality, router, slo, swap
 from ironserve_service.settings import ServiceSettings, load_settings
 
 DEFAULT_CONFIG = Path("/etc/ironserve/service.yaml")
@@ -85,6 +86,31 @@ def cmd_rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_swap(args: argparse.Namespace) -> int:
+    result = swap.swap(_settings(args.config), args.model_name, args.version)
+    if result.ok:
+        print(f"swapped: {result.detail}")
+        return 0
+    print(f"FAILED gate {result.gate}: {result.detail}", file=sys.stderr)
+    return 1
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    return control.run_controller(_settings(args.config))
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    settings = _settings(args.config).swap
+    bootstrap = settings.router_dir / "bootstrap.json"
+    router.write_initial(settings, bootstrap)
+    if args.write_only:
+        print(f"wrote {bootstrap}, {settings.router_dir / router.CDS_FILE}, {settings.router_dir / router.RDS_FILE}")
+        return 0
+    binary = settings.envoy_binary or Path(sys.executable).with_name("envoy")
+    command = router.envoy_command(binary, bootstrap)
+    os.execv(command[0], command)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="ironserve-service", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -112,6 +138,21 @@ def parser() -> argparse.ArgumentParser:
         command.set_defaults(handler=handler)
         if name == "rules":
             command.add_argument("--output", type=Path)
+
+    swap_command = commands.add_parser("swap", help="blue/green hot swap to VERSION (models_root/VERSION)")
+    swap_command.add_argument("model_name")
+    swap_command.add_argument("version")
+    swap_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    swap_command.set_defaults(handler=cmd_swap)
+
+    control_command = commands.add_parser("control", help="watch etcd and move Envoy's route after a readiness check")
+    control_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    control_command.set_defaults(handler=cmd_control)
+
+    router_command = commands.add_parser("router", help="write Envoy's bootstrap/cluster/route files and exec Envoy")
+    router_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    router_command.add_argument("--write-only", action="store_true", help="write the files, do not start Envoy")
+    router_command.set_defaults(handler=cmd_router)
 
     probe = commands.add_parser("probe", help="exit 0 when ready/live (systemd, Kubernetes exec probes)")
     probe.add_argument("kind", choices=["ready", "live"])

@@ -114,12 +114,69 @@ class SloSettings(_Strict):
     job: str = "ironserve"
 
 
+Colour = Literal["blue", "green"]
+COLOURS: tuple[Colour, Colour] = ("blue", "green")
+
+
+class SwapSettings(_Strict):
+    """Blue/green hot swap: etcd key, Envoy router and the two engine instances (hot-swap-* entries)."""
+
+    model_name: str = "qwen2-7b"
+    etcd_url: str = "http://127.0.0.1:2379"
+    etcd_timeout_s: float = Field(default=2.0, gt=0)
+    # VERSION of `swap MODEL VERSION` is the directory models_root/VERSION (sealed, see `seal`).
+    models_root: Path = Path("/srv/models")
+    verify_release: bool = True
+    # Per-colour launcher configs, markers and logs (run_dir/<colour>/).
+    run_dir: Path = Path("/run/ironserve")
+    # Envoy's dynamic configuration files (cds.json, rds.json), replaced by atomic rename.
+    router_dir: Path = Path("/etc/ironserve/envoy")
+    envoy_binary: Path | None = None
+    blue_port: int = Field(default=8000, ge=1, le=65535)
+    green_port: int = Field(default=8001, ge=1, le=65535)
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(default=8080, ge=1, le=65535)
+    # The admin interface always binds 127.0.0.1; only the port is configurable.
+    admin_port: int = Field(default=9901, ge=1, le=65535)
+    stream_idle_timeout_s: int = Field(default=300, gt=0)
+    drain_idle_s: float = Field(default=10.0, ge=0)
+    drain_max_s: float = Field(default=600.0, gt=0)
+    switch_timeout_s: float = Field(default=10.0, gt=0)
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    poll_interval_s: float = Field(default=0.5, gt=0)
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> SwapSettings:
+        ports = [self.blue_port, self.green_port, self.listen_port, self.admin_port]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"blue, green, listener and admin ports must differ: {ports}")
+        return self
+
+    @property
+    def key_prefix(self) -> str:
+        return f"/models/{self.model_name}/"
+
+    @property
+    def active_key(self) -> str:
+        return f"/models/{self.model_name}/active"
+
+    def colour_key(self, colour: Colour) -> str:
+        return f"/models/{self.model_name}/colours/{colour}"
+
+    def port(self, colour: Colour) -> int:
+        return self.blue_port if colour == "blue" else self.green_port
+
+    def colour_dir(self, colour: Colour) -> Path:
+        return self.run_dir / colour
+
+
 class ServiceSettings(_Strict):
     engine: EngineSettings
     readiness: ReadinessSettings = ReadinessSettings()
     exporter: ExporterSettings = ExporterSettings()
     quality: QualitySettings = QualitySettings()
     slo: SloSettings = SloSettings()
+    swap: SwapSettings = SwapSettings()
 
 
 def load_settings(path: Path) -> ServiceSettings:

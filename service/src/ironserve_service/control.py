@@ -1,0 +1,276 @@
+"""Control plane: etcd (source of truth) -> readiness gate -> Envoy route file.
+
+etcd is reached through its v3 JSON gateway (``/v3/kv/range``, ``/v3/kv/txn``, ``/v3/watch``) with the
+standard library: no gRPC stack or protobuf pin in the engine venv, and the same calls work against
+any etcd >= 3.4. Keys under ``/models/<name>/``: ``active`` (the serving version) and
+``colours/<blue|green>`` (the version each colour runs), written together in one transaction by ``swap``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import re
+import signal
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ironserve_service import router
+from ironserve_service.health import ProbeResult, check_engine, http_json, probe_ready
+from ironserve_service.settings import COLOURS, Colour, ReadinessSettings, ServiceSettings, SwapSettings
+
+
+class EtcdError(OSError):
+    """etcd unreachable or answered something unusable."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str) -> str:
+    return base64.b64decode(text).decode()
+
+
+def _prefix_end(prefix: str) -> str:
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    revision: int
+    values: dict[str, str]
+
+
+class Etcd:
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        self.url = url.rstrip("/")
+        self.host = parsed.hostname or "127.0.0.1"
+        self.port = parsed.port or 2379
+        self.timeout_s = timeout_s
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(f"{self.url}{path}", data=json.dumps(body).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                answer: dict[str, Any] = json.loads(response.read())
+        except (OSError, ValueError) as error:
+            raise EtcdError(f"etcd {self.url}{path}: {error}") from error
+        return answer
+
+    def get_prefix(self, prefix: str) -> Snapshot:
+        answer = self._post("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))})
+        values = {_unb64(kv["key"]): _unb64(kv.get("value", "")) for kv in answer.get("kvs", [])}
+        return Snapshot(int(answer["header"]["revision"]), values)
+
+    def put(self, key: str, value: str) -> int:
+        answer = self._post("/v3/kv/put", {"key": _b64(key), "value": _b64(value)})
+        return int(answer["header"]["revision"])
+
+    def compare_and_swap(self, key: str, previous: str | None, puts: dict[str, str]) -> tuple[bool, int]:
+        """One transaction: all puts happen only if key still holds previous (None: key absent)."""
+        if previous is None:
+            compare = {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+        else:
+            compare = {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(previous)}
+        success = [{"requestPut": {"key": _b64(k), "value": _b64(v)}} for k, v in puts.items()]
+        answer = self._post("/v3/kv/txn", {"compare": [compare], "success": success})
+        # The gateway omits false booleans.
+        return bool(answer.get("succeeded", False)), int(answer["header"]["revision"])
+
+    def watch(self, prefix: str, start_revision: int, idle_s: float) -> Iterator[tuple[int, dict[str, str | None]]]:
+        """Yields (revision, {key: value or None when deleted}); raises EtcdError/TimeoutError when the stream ends."""
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        body = {"create_request": {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
+                                   "start_revision": str(start_revision)}}  # fmt: skip
+        try:
+            connection.request("POST", "/v3/watch", body=json.dumps(body))
+            response = connection.getresponse()
+            if response.status != 200:
+                raise EtcdError(f"etcd watch answered HTTP {response.status}")
+            if connection.sock is not None:
+                connection.sock.settimeout(idle_s)
+            while True:
+                line = response.readline()
+                if not line:
+                    raise EtcdError("etcd closed the watch stream")
+                result = json.loads(line).get("result", {})
+                events = result.get("events", [])
+                if not events:
+                    continue
+                changes: dict[str, str | None] = {}
+                for event in events:
+                    kv = event["kv"]
+                    changes[_unb64(kv["key"])] = None if event.get("type") == "DELETE" else _unb64(kv.get("value", ""))
+                yield int(result["header"]["revision"]), changes
+        except (http.client.HTTPException, ValueError, ConnectionError) as error:
+            raise EtcdError(f"etcd watch: {error}") from error
+        finally:
+            connection.close()
+
+
+class EnvoyAdmin:
+    def __init__(self, port: int, timeout_s: float = 2.0) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.timeout_s = timeout_s
+
+    def _get(self, path: str) -> str:
+        with urllib.request.urlopen(f"{self.base}{path}", timeout=self.timeout_s) as response:
+            text: str = response.read().decode()
+            return text
+
+    def active_requests(self, cluster: str) -> int:
+        text = self._get(f"/stats?filter=^cluster\\.{cluster}\\.upstream_rq_active$")
+        match = re.search(rf"^cluster\.{cluster}\.upstream_rq_active: (\d+)$", text, re.MULTILINE)
+        return int(match.group(1)) if match else 0
+
+    def counter(self, name: str) -> int:
+        text = self._get(f"/stats?filter=^{re.escape(name)}$")
+        match = re.search(rf"^{re.escape(name)}: (\d+)$", text, re.MULTILINE)
+        return int(match.group(1)) if match else 0
+
+    def route_version(self) -> str | None:
+        dump = json.loads(self._get("/config_dump?resource=dynamic_route_configs"))
+        for config in dump.get("configs", []):
+            version = config.get("version_info")
+            if version:
+                return str(version)
+        return None
+
+    def ready(self) -> bool:
+        try:
+            return self._get("/ready").strip() == "LIVE"
+        except OSError:
+            return False
+
+
+def colour_readiness(settings: ServiceSettings, colour: Colour) -> ReadinessSettings:
+    directory = settings.swap.colour_dir(colour)
+    return settings.readiness.model_copy(
+        update={"loading_marker": directory / "model_loading", "ready_marker": directory / "model_ready"}
+    )
+
+
+def check_colour(settings: ServiceSettings, colour: Colour, full: bool = True) -> ProbeResult:
+    """The launcher's ready marker (written after a completion; launcher alive), then either the engine
+    answering a completion again (full) or its /health answering 200 now (the control loop's fast re-check,
+    which keeps the switch within milliseconds; `swap` runs the full check right before its etcd write)."""
+    marker = probe_ready(colour_readiness(settings, colour))
+    if not marker.ok:
+        return marker
+    engine = settings.engine.model_copy(update={"port": settings.swap.port(colour)})
+    if full:
+        return check_engine(engine, settings.readiness.probe_timeout_s)
+    try:
+        status, _ = http_json(f"{engine.base_url}/health", settings.readiness.probe_timeout_s)
+    except OSError as error:
+        return ProbeResult(False, f"engine unreachable: {error}")
+    return ProbeResult(status == 200, f"ready marker present, /health answered {status}")
+
+
+def desired(swap: SwapSettings, values: dict[str, str]) -> tuple[Colour | None, str | None]:
+    """(colour, version) that the etcd values ask to serve; colour None when no colour runs that version."""
+    version = values.get(swap.active_key)
+    if version is None:
+        return None, None
+    for colour in COLOURS:
+        if values.get(swap.colour_key(colour)) == version:
+            return colour, version
+    return None, version
+
+
+class Controller:
+    """Watches etcd and moves the route after a fresh readiness check; keeps the last good route otherwise."""
+
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        check: Callable[[Colour], ProbeResult] | None = None,
+        log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    ) -> None:
+        self.settings = settings
+        self.swap = settings.swap
+        self.etcd = Etcd(self.swap.etcd_url, self.swap.etcd_timeout_s)
+        self.check = check or (lambda colour: check_colour(settings, colour, full=False))
+        self.log = log
+        self.values: dict[str, str] = {}
+        self.stopped = threading.Event()
+        _, self.colour, self.version = router.current_route(self.swap)
+
+    def apply(self, revision: int) -> None:
+        colour, version = desired(self.swap, self.values)
+        if version is None or (colour, version) == (self.colour, self.version):
+            return
+        if colour is None:
+            self.log(f"active={version} but no colour runs it; keeping {self.colour}/{self.version}")
+            return
+        result = self.check(colour)
+        if not result.ok:
+            self.log(f"refusing switch to {colour}/{version}: {result.reason}; keeping {self.colour}/{self.version}")
+            return
+        router.write_atomic(self.swap.router_dir / router.RDS_FILE, router.routes(self.swap, colour, version, revision))
+        self.log(f"route -> {colour}/{version} (etcd revision {revision})")
+        self.colour, self.version = colour, version
+
+    def run_once(self, idle_s: float = 5.0) -> None:
+        """Resynchronise from a full read, then follow the watch until it ends (raises on etcd trouble)."""
+        snapshot = self.etcd.get_prefix(self.swap.key_prefix)
+        self.values = dict(snapshot.values)
+        self.apply(snapshot.revision)
+        for revision, changes in self.etcd.watch(self.swap.key_prefix, snapshot.revision + 1, idle_s):
+            for key, value in changes.items():
+                if value is None:
+                    self.values.pop(key, None)
+                else:
+                    self.values[key] = value
+            self.apply(revision)
+            if self.stopped.is_set():
+                return
+
+    def run(self) -> None:
+        unreachable = False
+        while not self.stopped.is_set():
+            try:
+                self.run_once()
+                unreachable = False
+            except TimeoutError:
+                # Quiet watch: reconnect and resynchronise (also retries a refused switch).
+                unreachable = False
+            except EtcdError as error:
+                if not unreachable:
+                    self.log(f"etcd unreachable ({error}); serving last good route {self.colour}/{self.version}")
+                unreachable = True
+                self.stopped.wait(1.0)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def run_controller(settings: ServiceSettings) -> int:
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _exit)
+    controller = Controller(settings)
+    with contextlib.suppress(KeyboardInterrupt):
+        controller.run()
+    return 0
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if predicate():
+                return True
+        time.sleep(interval_s)
+    return False

