@@ -6,8 +6,15 @@ Run: `ironserve deploy inventory/<site>.py` (validates first, then runs pyinfra)
 
 gpu_servers = (
     [
-        ("r740-01.example.internal", {"ssh_user": "root"}),
-        ("r740-02.example.internal", {"ssh_user": "root"}),
+        # Each host's iDRAC for the BIOS role; credentials come from IRONSERVE_REDFISH_USER/_PASSWORD.
+        (
+            "r740-01.example.internal",
+            {"ssh_user": "root", "bios_redfish_address": "https://idrac-r740-01.example.internal"},
+        ),
+        (
+            "r740-02.example.internal",
+            {"ssh_user": "root", "bios_redfish_address": "https://idrac-r740-02.example.internal"},
+        ),
     ],
     {
         "ironserve_profile": "r740-a10",

@@ -1,9 +1,13 @@
 """host_tuning on a lab VM (qemu, real kernel, GRUB inside the image): the cgroup v2 argument goes
-into GRUB, the `auto` policy reboots, the reboot is proven by a new boot id and the effect by cgroup2fs.
+into GRUB, the `auto` policy reboots, the reboot is proven by a new boot id and the effect by cgroup2fs;
+the `defer` policy leaves the reboot-required markers instead.
 The VM image boots with systemd.unified_cgroup_hierarchy=0 (cgroup v1), like an older server.
 """
 
 from __future__ import annotations
+
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +66,39 @@ def test_grub_drift_is_restored_without_a_reboot(rebooted_vm: tuple[LabHost, str
     # The running kernel already had the argument, so the auto policy had nothing to reboot for.
     assert remote.boot_id(vm) == boot
     assert deploy([vm], roles=HOST_TUNING).changed == 0
+
+
+def test_defer_policy_leaves_a_marker_and_does_not_reboot(
+    rebooted_vm: tuple[LabHost, str, str], tmp_path: Path
+) -> None:
+    vm = rebooted_vm[0]
+    boot = remote.boot_id(vm)
+    extra_arg = "ironserve.defer_test=1"
+    inventory = tmp_path / "defer.py"
+    inventory.write_text(
+        textwrap.dedent(f"""
+        from ironserve.lab.inventory import lab_groups
+
+        _, lab_vms = lab_groups()
+        lab_vms = [
+            (name, {{**data, "host_tuning_reboot_policy": "defer",
+                     "host_tuning_kernel_args": [{CGROUP_ARG!r}, {extra_arg!r}]}})
+            for name, data in lab_vms if name == {vm.name!r}
+        ]
+        """)
+    )
+    try:
+        first = deploy([vm], str(inventory), roles=HOST_TUNING)
+        assert first.returncode == 0, first.output
+        assert extra_arg in remote.run(vm, "grep ^GRUB_CMDLINE_LINUX= /etc/default/grub")
+        assert remote.boot_id(vm) == boot  # deferred: no reboot
+        assert "System restart required" in remote.run(vm, "cat /run/reboot-required")
+        assert extra_arg in remote.run(vm, "cat /run/ironserve/reboot-required")
+        again = deploy([vm], str(inventory), roles=HOST_TUNING)
+        assert (again.returncode, again.changed) == (0, 0), again.output
+    finally:
+        remote.run(
+            vm,
+            f"sed -i 's/ {extra_arg}//' /etc/default/grub && update-grub 2>/dev/null"
+            " && rm -f /run/reboot-required /run/ironserve/reboot-required",
+        )
