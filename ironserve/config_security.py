@@ -1,4 +1,4 @@
-"""Settings models of roles/security and roles/container_runtime (issue 5), part of `StackConfig`.
+"""Settings models of roles/security and roles/container_runtime, part of `StackConfig`.
 
 Kept apart from config.py so the roles of other issues can grow that file independently;
 config.py imports these models and merges the roles' defaults like every other role's.

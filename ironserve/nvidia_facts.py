@@ -1,4 +1,4 @@
-"""Facts the nvidia role reads (issue 4), each with a pure, unit-tested parser.
+"""Facts the nvidia role reads, each with a pure, unit-tested parser.
 
 - `OsDistro`: NVIDIA's repository directory name for the host's OS (`debian12`, `ubuntu2204`).
 - `DpkgPackages`: installed packages matching names or globs -> version and hold state.

@@ -1,4 +1,4 @@
-"""Custom pyinfra facts of the security and container_runtime roles (issue 5), with pure `process()`."""
+"""Custom pyinfra facts of the security and container_runtime roles, with pure `process()`."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 machine's 127.0.0.1 (the admin side, like a real iDRAC on the management network). After a Redfish reset
 the emulator writes the applied BIOS attributes into the host, so the stand-ins show the change.
 `detach` stops the emulator. Both are idempotent; the emulator's pid and URL live in the lab state.
-Each host also gets its own server of the lab's signed NVIDIA apt mirror (ironserve/lab/aptrepo.py, issue 4),
+Each host also gets its own server of the lab's signed NVIDIA apt mirror (ironserve/lab/aptrepo.py),
 started and stopped the same way (pid, URL and key path in the host's `extra`).
 """
 
@@ -116,7 +116,7 @@ def detach(host: LabHost) -> None:
     _detach_mirror(host)
 
 
-# --- the NVIDIA apt mirror (issue 4): a signed repository of stand-in packages, one server per host -----------
+# --- the NVIDIA apt mirror: a signed repository of stand-in packages, one server per host -----------
 
 
 def _attach_mirror(host: LabHost) -> None:

@@ -31,7 +31,7 @@ def up(hosts: int, use_vm: bool, hardware_profile: str) -> list[LabHost]:
     backend = vm if use_vm else container
     started: list[LabHost] = backend.start(names, hardware_profile, current)
     for host in started:
-        edge.attach(host)  # simulated hardware: stand-in lspci/dmidecode/lscpu, a Redfish iDRAC (issue 3)
+        edge.attach(host)  # simulated hardware: stand-in lspci/dmidecode/lscpu, a Redfish iDRAC
     return started
 
 

@@ -2,7 +2,7 @@
 
 overlay and br_netfilter really load, the bridge sysctl appears and is set, an active swap area is
 turned off and kept out of /etc/fstab, containerd answers, and the service slice's MemoryMax reaches
-the kernel's cgroup files. One deploy of the issue 5 roles, then reads; kept short (TCG is slow).
+the kernel's cgroup files. One deploy of the security and container_runtime roles, then reads; kept short (TCG is slow).
 """
 
 from __future__ import annotations
