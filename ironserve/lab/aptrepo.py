@@ -19,7 +19,6 @@ when the host's supervisor is gone).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import functools
 import gzip
@@ -29,18 +28,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from pathlib import Path
 
+from ironserve.lab import servers
 from ironserve.paths import lab_dir
 
+MODULE = "ironserve.lab.aptrepo"  # how servers are started, and recognised by their command line
 HERE = Path(__file__).resolve().parent
 NVIDIA_SMI = HERE / "standin_nvidia_smi.py"
 DISTROS = ("debian12",)  # the lab runs Debian 12; the layout of NVIDIA's repository: <distro>/x86_64/
@@ -377,74 +375,28 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def serve(root: Path, bind: str, port: int, watch_pid: int | None) -> None:
     handler = functools.partial(_QuietHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer((bind, port), handler)
-    if watch_pid:
-
-        def watch() -> None:
-            while True:
-                try:
-                    os.kill(watch_pid, 0)
-                except ProcessLookupError:
-                    os._exit(0)
-                time.sleep(1)
-
-        threading.Thread(target=watch, daemon=True).start()
+    servers.exit_with(watch_pid, lambda: os._exit(0))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     server.serve_forever()
-
-
-def _free_port(bind: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((bind, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start(bind: str, watch_pid: int | None, log: Path) -> tuple[int, str]:
     """Serve the repository on `bind` (the lab bridge address); return (pid, base URL)."""
     root = ensure_built()
-    port = _free_port(bind)
-    argv = [sys.executable, "-m", "ironserve.lab.aptrepo", "serve", "--root", str(root), "--bind", bind]
-    argv += ["--port", str(port)]
+    port = servers.free_port(bind)
+    argv = [sys.executable, "-m", MODULE, "serve", "--root", str(root), "--bind", bind, "--port", str(port)]
     if watch_pid:
         argv += ["--watch-pid", str(watch_pid)]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            socket.create_connection((bind, port), timeout=0.5).close()
-            return proc.pid, f"http://{bind}:{port}"
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"lab apt mirror did not start; see {log}") from None
-            time.sleep(0.1)
+    return servers.start(argv, bind, port, log, "lab apt mirror"), f"http://{bind}:{port}"
 
 
 def running(pid: int) -> bool:
-    try:
-        return b"ironserve.lab.aptrepo" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+    return servers.running(pid, MODULE)
 
 
 def stop(pid: int) -> None:
-    """Stop a server this module started (by its recorded pid) and reap it if it is our child."""
-    if not running(pid):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    for _ in range(50):
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        except ChildProcessError:
-            if not running(pid):
-                return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError, ChildProcessError):
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    """Stop a server this module started (by its recorded pid)."""
+    servers.stop(pid, MODULE)
 
 
 def main() -> int:

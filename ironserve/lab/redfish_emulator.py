@@ -18,20 +18,19 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from sushy_tools.static import main as sushy_static  # type: ignore[import-untyped]
 
+from ironserve.lab import servers
 from ironserve.lab.hardware import HardwareProfile, load_profile
 
+MODULE = "ironserve.lab.redfish_emulator"  # how emulators are started, and recognised by their command line
 SYSTEM = "Systems/System.Embedded.1"
 MANAGER = "Managers/iDRAC.Embedded.1"
 CHASSIS = "Chassis/System.Embedded.1"
@@ -334,30 +333,11 @@ def make_server(root: Path, port: int, credentials_file: Path, sync_command: str
     return server
 
 
-def _exit_with(pid: int, server: Any) -> None:
-    """Stop serving once the lab host's process `pid` is gone, however the host was stopped."""
-    while True:
-        time.sleep(1)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            server.shutdown()
-            return
-
-
 def serve(root: Path, port: int, credentials_file: Path, sync_command: str | None, watch_pid: int | None) -> None:
     server = make_server(root, port, credentials_file, sync_command)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    if watch_pid:
-        threading.Thread(target=_exit_with, args=(watch_pid, server), daemon=True).start()
+    servers.exit_with(watch_pid, server.shutdown)
     server.serve_forever()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start(
@@ -369,11 +349,11 @@ def start(
     """
     tree = workdir / "redfish"
     build_tree(load_profile(profile), tree)
-    port = free_port()
+    port = servers.free_port()
     argv = [
         sys.executable,
         "-m",
-        "ironserve.lab.redfish_emulator",
+        MODULE,
         "--tree",
         str(tree),
         "--port",
@@ -385,41 +365,13 @@ def start(
         argv += ["--sync", sync_command]
     if watch_pid:
         argv += ["--watch-pid", str(watch_pid)]
-    with open(workdir / "redfish.log", "wb") as log:  # one log per emulator run
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc.pid, port
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"redfish emulator did not start; see {workdir / 'redfish.log'}") from None
-            time.sleep(0.1)
+    pid = servers.start(argv, "127.0.0.1", port, workdir / "redfish.log", "redfish emulator")
+    return pid, port
 
 
 def stop(pid: int) -> None:
-    """Stop an emulator this module started (by its pid) and reap it if it is our child."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    for _ in range(50):
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        except ChildProcessError:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-        time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
+    """Stop an emulator this module started (by its pid)."""
+    servers.stop(pid, MODULE)
 
 
 def main() -> int:

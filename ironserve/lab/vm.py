@@ -14,7 +14,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from ironserve.lab import remote, state, vmimage
+from ironserve.lab import remote, servers, state, vmimage
 from ironserve.lab.hardware import load_profile
 from ironserve.lab.state import LabHost, LabState
 from ironserve.paths import lab_dir
@@ -213,12 +212,10 @@ def _taken_ports(current: LabState) -> set[int]:
 
 
 def _free_port(taken: set[int]) -> int:
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port: int = probe.getsockname()[1]
-        if port not in taken:
-            return port
+    # A stopped VM's recorded port may look free while its qemu still holds the forward: skip recorded ones.
+    while (port := servers.free_port()) in taken:
+        pass
+    return port
 
 
 def _wait_for_exit(pid: int, timeout: float) -> bool:

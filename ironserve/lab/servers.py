@@ -1,0 +1,87 @@
+"""Background servers of the lab edge (Redfish emulator, apt mirror): start, wait, follow the host, stop.
+
+One mechanism for every such server, so each starts detached in its own session, is known to answer
+before `start` returns, exits by itself once its lab host is gone, and is stopped only if the pid is
+still the process the lab started (a recycled pid is left alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+START_TIMEOUT_S = 15.0
+
+
+def free_port(bind: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((bind, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start(argv: list[str], bind: str, port: int, log: Path, what: str) -> int:
+    """Start `argv` detached, logging to `log`; return its pid once `bind:port` accepts connections."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            socket.create_connection((bind, port), timeout=0.5).close()
+            return proc.pid
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{what} did not start; see {log}") from None
+            time.sleep(0.1)
+
+
+def running(pid: int, module: str) -> bool:
+    """Whether `pid` is still the server started as `python -m module` (not a recycled pid)."""
+    try:
+        return module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def stop(pid: int, module: str) -> None:
+    """SIGTERM the server, reap it if it is our child, SIGKILL it after 5 s."""
+    if not running(pid, module):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    for _ in range(50):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            if not running(pid, module):
+                return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def exit_with(watch_pid: int | None, shutdown: Callable[[], None]) -> None:
+    """In the server: call `shutdown` once the lab host's process `watch_pid` is gone, however it stopped."""
+    if not watch_pid:
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(1)
+            try:
+                os.kill(watch_pid, 0)
+            except ProcessLookupError:
+                shutdown()
+                return
+
+    threading.Thread(target=watch, daemon=True).start()
