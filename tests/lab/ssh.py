@@ -18,10 +18,3 @@ def ssh_run(host: LabHost, command: str, timeout: float = 120) -> tuple[int, str
         stdin=subprocess.DEVNULL,
     )
     return result.returncode, result.stdout, result.stderr
-
-
-def ssh_ok(host: LabHost, command: str) -> str:
-    """stdout of `command` on `host`; a non-zero exit fails the test with the command's output."""
-    rc, out, err = ssh_run(host, command)
-    assert rc == 0, f"{command}: {out}{err}"
-    return out

@@ -13,10 +13,10 @@ import pytest
 
 from ironserve.config import build_config
 from ironserve.containerd import ContainerdConfigError, check_config, render_config
+from ironserve.lab import remote
 from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
 from tests.lab.conftest import lab_containers
-from tests.lab.ssh import ssh_ok
 
 # Only the two roles under test: their own convergence and zero-change re-run.
 SECURITY_RUNTIME = ("security", "container_runtime")
@@ -42,52 +42,57 @@ def test_second_deploy_reports_zero_changes(converged: LabHost) -> None:
 
 @pytest.mark.invariant("cri-containerd", "cri-systemd-cgroup", "cri-nvidia-runtime")
 def test_containerd_pinned_running_and_answering(converged: LabHost) -> None:
-    assert ssh_ok(converged, "systemctl is-active containerd").strip() == "active"
-    assert "Server:" in ssh_ok(converged, "ctr version")
-    assert ssh_ok(converged, f"cat {CONFIG}") == render_config(SETTINGS)
-    dump = ssh_ok(converged, "containerd config dump")
+    assert remote.run(converged, "systemctl is-active containerd").strip() == "active"
+    assert "Server:" in remote.run(converged, "ctr version")
+    assert remote.run(converged, f"cat {CONFIG}") == render_config(SETTINGS)
+    dump = remote.run(converged, "containerd config dump")
     assert dump.count("SystemdCgroup = true") == 2  # runc and nvidia
     assert f'BinaryName = "{SETTINGS.nvidia_binary}"' in dump
-    versions = ssh_ok(converged, "dpkg-query -W -f '${Package} ${Version}\\n' containerd runc").split("\n")
+    versions = remote.run(converged, "dpkg-query -W -f '${Package} ${Version}\\n' containerd runc").split("\n")
     assert sorted(filter(None, versions)) == sorted(f"{k} {v}" for k, v in SETTINGS.packages.items())
-    assert set(ssh_ok(converged, "apt-mark showhold").split()) >= set(SETTINGS.packages)
-    assert "Pin: version " + SETTINGS.packages["containerd"] in ssh_ok(
+    assert set(remote.run(converged, "apt-mark showhold").split()) >= set(SETTINGS.packages)
+    assert "Pin: version " + SETTINGS.packages["containerd"] in remote.run(
         converged, "cat /etc/apt/preferences.d/*containerd"
     )
 
 
 def test_kernel_prerequisites_reported_not_forced_in_a_container(converged: LabHost) -> None:
-    assert ssh_ok(converged, "cat /etc/modules-load.d/ironserve-containers.conf").split() == ["overlay", "br_netfilter"]
-    assert ssh_ok(converged, "cat /proc/sys/net/ipv4/ip_forward").strip() == "1"  # per network namespace: set live
-    assert "net.bridge.bridge-nf-call-iptables = 1" in ssh_ok(
+    assert remote.run(converged, "cat /etc/modules-load.d/ironserve-containers.conf").split() == [
+        "overlay",
+        "br_netfilter",
+    ]
+    assert remote.run(converged, "cat /proc/sys/net/ipv4/ip_forward").strip() == "1"  # per network namespace: set live
+    assert "net.bridge.bridge-nf-call-iptables = 1" in remote.run(
         converged, "cat /etc/sysctl.d/91-ironserve-containers.conf"
     )
 
 
 def test_misspelt_key_accepted_by_containerd_refused_by_ironserve(converged: LabHost) -> None:
-    ssh_ok(converged, f"sed -i 's/SystemdCgroup = true/SystemdCgrup = true/' {CONFIG} && systemctl restart containerd")
+    remote.run(
+        converged, f"sed -i 's/SystemdCgroup = true/SystemdCgrup = true/' {CONFIG} && systemctl restart containerd"
+    )
     try:
-        assert ssh_ok(converged, "systemctl is-active containerd").strip() == "active"  # containerd: no complaint
-        dump = ssh_ok(converged, "containerd config dump")
+        assert remote.run(converged, "systemctl is-active containerd").strip() == "active"  # containerd: no complaint
+        dump = remote.run(converged, "containerd config dump")
         assert "SystemdCgrup = true" in dump and "SystemdCgroup = true" not in dump  # kept silently, driver lost
         with pytest.raises(ContainerdConfigError, match="SystemdCgrup: Extra inputs are not permitted"):
-            check_config(ssh_ok(converged, f"cat {CONFIG}"))
+            check_config(remote.run(converged, f"cat {CONFIG}"))
     finally:
         assert deploy([converged], roles=SECURITY_RUNTIME).returncode == 0
 
 
 def test_drift_restored_then_zero_changes(converged: LabHost) -> None:
-    ssh_ok(converged, f"sed -i 's/SystemdCgroup = true/SystemdCgroup = false/' {CONFIG}")
-    ssh_ok(converged, "systemctl stop containerd && systemctl disable containerd")
-    ssh_ok(converged, "apt-mark unhold containerd")
+    remote.run(converged, f"sed -i 's/SystemdCgroup = true/SystemdCgroup = false/' {CONFIG}")
+    remote.run(converged, "systemctl stop containerd && systemctl disable containerd")
+    remote.run(converged, "apt-mark unhold containerd")
     restored = deploy([converged], roles=SECURITY_RUNTIME)
     assert restored.returncode == 0, restored.output
     assert restored.changed >= 3, restored.output
-    assert ssh_ok(converged, "systemctl is-active containerd").strip() == "active"
-    assert ssh_ok(converged, "systemctl is-enabled containerd").strip() == "enabled"
-    assert "SystemdCgroup = false" not in ssh_ok(converged, "containerd config dump")
-    assert "containerd" in ssh_ok(converged, "apt-mark showhold").split()
-    assert "Server:" in ssh_ok(converged, "ctr version")
+    assert remote.run(converged, "systemctl is-active containerd").strip() == "active"
+    assert remote.run(converged, "systemctl is-enabled containerd").strip() == "enabled"
+    assert "SystemdCgroup = false" not in remote.run(converged, "containerd config dump")
+    assert "containerd" in remote.run(converged, "apt-mark showhold").split()
+    assert "Server:" in remote.run(converged, "ctr version")
     again = deploy([converged], roles=SECURITY_RUNTIME)
     assert (again.returncode, again.changed) == (0, 0), again.output
 
@@ -95,7 +100,7 @@ def test_drift_restored_then_zero_changes(converged: LabHost) -> None:
 def test_gate_passes_then_fails_on_a_flipped_driver(converged: LabHost) -> None:
     gate = verify([converged], roles=("container_runtime",))
     assert gate.returncode == 0, gate.stdout + gate.stderr
-    ssh_ok(
+    remote.run(
         converged, f"sed -i 's/SystemdCgroup = true/SystemdCgroup = false/' {CONFIG} && systemctl restart containerd"
     )
     try:

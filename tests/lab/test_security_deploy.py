@@ -12,11 +12,12 @@ from collections.abc import Iterator
 import pytest
 
 from ironserve.config import build_config
+from ironserve.lab import remote
 from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
 from ironserve.security import DROPIN_NAME, dropin_properties, slice_cgroup, systemd_run_command
 from tests.lab.conftest import lab_containers
-from tests.lab.ssh import ssh_ok, ssh_run
+from tests.lab.ssh import ssh_run
 
 # Only the two roles under test: their own convergence and zero-change re-run.
 SECURITY_RUNTIME = ("security", "container_runtime")
@@ -48,7 +49,9 @@ def converged() -> Iterator[LabHost]:
         first = deploy(hosts, roles=SECURITY_RUNTIME)
         assert first.returncode == 0, first.output
         assert first.changed > 0, first.output
-        ssh_ok(hosts[0], "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-numpy")
+        remote.run(
+            hosts[0], "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-numpy"
+        )
         yield hosts[0]
 
 
@@ -60,9 +63,9 @@ def test_second_deploy_reports_zero_changes(converged: LabHost) -> None:
 
 @pytest.mark.invariant("sec-ai-runner-user", "sec-ai-runner-group")
 def test_account(converged: LabHost) -> None:
-    assert ssh_ok(converged, "getent passwd ai-runner").strip().endswith(":/bin/false")
-    assert ssh_ok(converged, "passwd -S ai-runner").split()[1] == "L"
-    assert len(ssh_ok(converged, "getent group ai-runner").splitlines()) == 1
+    assert remote.run(converged, "getent passwd ai-runner").strip().endswith(":/bin/false")
+    assert remote.run(converged, "passwd -S ai-runner").split()[1] == "L"
+    assert len(remote.run(converged, "getent group ai-runner").splitlines()) == 1
     rc, out, _ = ssh_run(converged, "su -s /bin/sh -c id ai-runner </dev/null; su -c id ai-runner </dev/null")
     assert "uid=" in out  # root may still switch with an explicit shell (how services start) ...
     assert rc != 0  # ... but the account's own shell refuses a login
@@ -74,27 +77,27 @@ def test_service_unit_runs_the_workload_as_ai_runner_with_cap_sys_nice_only(conv
         "[Unit]\nDescription=stand-in for the inference service\n[Service]\nType=oneshot\n"
         f"ExecStart=/usr/bin/python3 -c {shlex.quote(WORKLOAD)}\n"
     )
-    ssh_ok(converged, f"cat > /etc/systemd/system/ai-service.service <<'EOF'\n{unit}EOF\nsystemctl daemon-reload")
+    remote.run(converged, f"cat > /etc/systemd/system/ai-service.service <<'EOF'\n{unit}EOF\nsystemctl daemon-reload")
     try:
-        ssh_ok(converged, "systemctl start ai-service.service")
-        line = ssh_ok(converged, "journalctl -u ai-service.service -o cat --no-pager | grep workload-ok | tail -1")
+        remote.run(converged, "systemctl start ai-service.service")
+        line = remote.run(converged, "journalctl -u ai-service.service -o cat --no-pager | grep workload-ok | tail -1")
         _, uid, cap_eff, cgroup = line.split()
-        assert uid == ssh_ok(converged, "id -u ai-runner").strip() != "0"
+        assert uid == remote.run(converged, "id -u ai-runner").strip() != "0"
         assert cap_eff == "0000000000800000"  # CAP_SYS_NICE, nothing else
         assert cgroup == slice_cgroup("ai-service.slice") + "/ai-service.service"
-        shown = ssh_ok(converged, "systemctl show ai-service.slice -p MemoryMax -p DevicePolicy -p CPUWeight")
+        shown = remote.run(converged, "systemctl show ai-service.slice -p MemoryMax -p DevicePolicy -p CPUWeight")
         assert {"MemoryMax=25769803776", "DevicePolicy=closed", "CPUWeight=1000"} <= set(shown.split())
     finally:
-        ssh_ok(converged, "rm -f /etc/systemd/system/ai-service.service && systemctl daemon-reload")
+        remote.run(converged, "rm -f /etc/systemd/system/ai-service.service && systemctl daemon-reload")
 
 
 def test_filter_refuses_what_unfiltered_processes_may_do(converged: LabHost) -> None:
-    dropin = ssh_ok(converged, f"cat {DROPIN}")
+    dropin = remote.run(converged, f"cat {DROPIN}")
     python = "python3 -c " + shlex.quote(CALLS)
     # As the service user: unshare(CLONE_NEWUSER) works without the filter, EPERM under it.
-    free = ssh_ok(converged, f"setpriv --reuid ai-runner --regid ai-runner --clear-groups {python}")
+    free = remote.run(converged, f"setpriv --reuid ai-runner --regid ai-runner --clear-groups {python}")
     assert "unshare 0 ok" in free
-    boxed = ssh_ok(converged, systemd_run_command(dropin, python))
+    boxed = remote.run(converged, systemd_run_command(dropin, python))
     assert "unshare -1 Operation not permitted" in boxed
     assert "kexec_load -1 Operation not permitted" in boxed
     # As root with only the syscall filter (no capability drop): mount works unfiltered, EPERM under it.
@@ -103,24 +106,24 @@ def test_filter_refuses_what_unfiltered_processes_may_do(converged: LabHost) -> 
         for k, v in dropin_properties(dropin)
         if k.startswith("SystemCall") or k in {"RestrictNamespaces", "LockPersonality"}
     )
-    root_boxed = ssh_ok(converged, systemd_run_command(filter_only, python))
+    root_boxed = remote.run(converged, systemd_run_command(filter_only, python))
     assert "mount -1 Operation not permitted" in root_boxed
-    root_free = ssh_ok(converged, f"{python}; umount /mnt")
+    root_free = remote.run(converged, f"{python}; umount /mnt")
     assert "mount 0 ok" in root_free
 
 
 def test_drift_restored_then_zero_changes(converged: LabHost) -> None:
-    ssh_ok(converged, "usermod -s /bin/bash ai-runner")
-    ssh_ok(converged, f"chmod 0755 {SETTINGS.state_dir} && chmod 0777 {SETTINGS.model_dir}")
-    ssh_ok(converged, f"sed -i 's/^NoNewPrivileges=yes/NoNewPrivileges=no/' {DROPIN}")
-    ssh_ok(converged, "usermod -p plain-text-password ai-runner")
+    remote.run(converged, "usermod -s /bin/bash ai-runner")
+    remote.run(converged, f"chmod 0755 {SETTINGS.state_dir} && chmod 0777 {SETTINGS.model_dir}")
+    remote.run(converged, f"sed -i 's/^NoNewPrivileges=yes/NoNewPrivileges=no/' {DROPIN}")
+    remote.run(converged, "usermod -p plain-text-password ai-runner")
     restored = deploy([converged], roles=SECURITY_RUNTIME)
     assert restored.returncode == 0, restored.output
     assert restored.changed >= 5, restored.output
-    assert ssh_ok(converged, "getent passwd ai-runner").strip().endswith(":/bin/false")
-    assert ssh_ok(converged, "passwd -S ai-runner").split()[1] == "L"
-    assert ssh_ok(converged, f"stat -c %a {SETTINGS.state_dir} {SETTINGS.model_dir}").split() == ["700", "750"]
-    assert "NoNewPrivileges=yes" in ssh_ok(converged, f"cat {DROPIN}")
+    assert remote.run(converged, "getent passwd ai-runner").strip().endswith(":/bin/false")
+    assert remote.run(converged, "passwd -S ai-runner").split()[1] == "L"
+    assert remote.run(converged, f"stat -c %a {SETTINGS.state_dir} {SETTINGS.model_dir}").split() == ["700", "750"]
+    assert "NoNewPrivileges=yes" in remote.run(converged, f"cat {DROPIN}")
     again = deploy([converged], roles=SECURITY_RUNTIME)
     assert (again.returncode, again.changed) == (0, 0), again.output
 
@@ -128,7 +131,7 @@ def test_drift_restored_then_zero_changes(converged: LabHost) -> None:
 def test_gate_passes_then_fails_on_a_login_shell(converged: LabHost) -> None:
     gate = verify([converged], roles=("security",))
     assert gate.returncode == 0, gate.stdout + gate.stderr
-    ssh_ok(converged, "usermod -s /bin/bash ai-runner")
+    remote.run(converged, "usermod -s /bin/bash ai-runner")
     try:
         gate = verify([converged], roles=("security",))
         assert gate.returncode != 0
@@ -141,14 +144,14 @@ def test_gate_passes_then_fails_on_a_login_shell(converged: LabHost) -> None:
 def test_slice_device_filter_refuses_a_non_nvidia_device(converged: LabHost) -> None:
     # A char device outside the allow-list (1:11, kmsg's numbers, opened read-only and closed at once):
     # root opens it from system.slice, but not from the service slice (DevicePolicy=closed, eBPF filter).
-    ssh_ok(converged, "mknod -m 600 /dev/ironserve-probe c 1 11")
+    remote.run(converged, "mknod -m 600 /dev/ironserve-probe c 1 11")
     try:
         code = "open('/dev/ironserve-probe', 'rb').close(); open('/dev/null', 'rb').close(); print('opened')"
         probe = f'python3 -c "{code}"'
-        assert ssh_ok(converged, f"systemd-run --quiet --wait --pipe --collect {probe}").strip() == "opened"
+        assert remote.run(converged, f"systemd-run --quiet --wait --pipe --collect {probe}").strip() == "opened"
         rc, _, err = ssh_run(
             converged, f"systemd-run --quiet --wait --pipe --collect -p Slice={SETTINGS.slice} {probe}"
         )
         assert rc != 0 and "PermissionError: [Errno 1] Operation not permitted: '/dev/ironserve-probe'" in err
     finally:
-        ssh_ok(converged, "rm -f /dev/ironserve-probe")
+        remote.run(converged, "rm -f /dev/ironserve-probe")
