@@ -24,5 +24,11 @@ gpu_servers = (
         # and the repository's signing key as a binary keyring on this machine.
         "nvidia_repo_url": "https://mirror.example.internal/cuda/repos",
         "nvidia_repo_key": "keys/cuda-archive-keyring.gpg",
+        # The service's Python environment: the site's PyPI/PyTorch mirror, and the hash-locked CUDA 11.8
+        # build of vLLM + torch the site generated with scripts/lock-engine.py (see roles/inference/README.md).
+        "inference_pip_index_url": "https://mirror.example.internal/pypi/simple/",
+        "inference_requirements": "site/requirements-cu118.lock",
+        # A sealed model version (`ironserve-service seal DIR`) on this machine, uploaded to the hosts.
+        "inference_model_source": "site/models/qwen2-7b/20260101-000000",
     },
 )

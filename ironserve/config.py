@@ -16,19 +16,21 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ironserve.config_inference import InferenceSettings, check_deployable
 from ironserve.config_nvidia import AptPackages, NvidiaSettings, package_violations
 from ironserve.config_security import ContainerRuntimeSettings, SecuritySettings
 from ironserve.lock import LockViolation, StackLock, check_lock
 from roles.bios.defaults import DEFAULTS as BIOS_DEFAULTS
 from roles.container_runtime.defaults import DEFAULTS as CONTAINER_RUNTIME_DEFAULTS
 from roles.host_tuning.defaults import DEFAULTS as HOST_TUNING_DEFAULTS
+from roles.inference.defaults import DEFAULTS as INFERENCE_DEFAULTS
 from roles.nvidia.defaults import DEFAULTS as NVIDIA_DEFAULTS
 from roles.preflight.defaults import DEFAULTS as PREFLIGHT_DEFAULTS
 from roles.security.defaults import DEFAULTS as SECURITY_DEFAULTS
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 # Every role in deploy order; each reads the inventory keys prefixed with its name.
-ROLE_NAMES = ("bios", "preflight", "nvidia", "host_tuning", "security", "container_runtime")
+ROLE_NAMES = ("bios", "preflight", "nvidia", "host_tuning", "security", "container_runtime", "inference")
 ROLE_DEFAULTS: tuple[Mapping[str, object], ...] = (
     BIOS_DEFAULTS,
     PREFLIGHT_DEFAULTS,
@@ -36,6 +38,7 @@ ROLE_DEFAULTS: tuple[Mapping[str, object], ...] = (
     HOST_TUNING_DEFAULTS,
     SECURITY_DEFAULTS,
     CONTAINER_RUNTIME_DEFAULTS,
+    INFERENCE_DEFAULTS,
 )
 SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[A-Za-z0-9_-]+)+$")
 # Keys whose value is a pair of ports, low before high.
@@ -196,6 +199,7 @@ class StackConfig(BaseModel):
     security: SecuritySettings
     container_runtime: ContainerRuntimeSettings
     nvidia: NvidiaSettings
+    inference: InferenceSettings
     # The roles this run applies, in deploy order (ironserve_roles: a list or "a,b"; default all).
     roles: tuple[str, ...] = Field(alias="ironserve_roles")
 
@@ -300,6 +304,19 @@ def build_config(host: str, data: Mapping[str, Any]) -> StackConfig:
     if violations:
         raise ConfigError("\n".join(lock_messages(host, violations)))
     return config
+
+
+def check_roles_deployable(config: StackConfig) -> None:
+    """Raise ConfigError when a selected role lacks a key it cannot run without (no built-in default).
+
+    Kept out of build_config so a config can be built and inspected for any role; the deploy and
+    `ironserve deploy` call this before any host is touched.
+    """
+    if "inference" in config.roles:
+        try:
+            check_deployable(config.inference, config.security.model_dir)
+        except ValueError as exc:
+            raise ConfigError(f"host {config.host}: {exc}") from None
 
 
 def lock_messages(host: str, violations: Iterable[LockViolation]) -> list[str]:

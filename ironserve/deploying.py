@@ -6,7 +6,7 @@ from typing import Any
 
 from pyinfra.api.exceptions import DeployError
 
-from ironserve.config import ConfigError, StackConfig, build_config
+from ironserve.config import ConfigError, StackConfig, build_config, check_roles_deployable
 
 
 def host_data(pyinfra_host: Any) -> dict[str, Any]:
@@ -16,6 +16,8 @@ def host_data(pyinfra_host: Any) -> dict[str, Any]:
 
 def config_for(pyinfra_host: Any) -> StackConfig:
     try:
-        return build_config(pyinfra_host.name, host_data(pyinfra_host))
+        config = build_config(pyinfra_host.name, host_data(pyinfra_host))
+        check_roles_deployable(config)
+        return config
     except ConfigError as exc:
         raise DeployError(f"invalid inventory, nothing was changed:\n{exc}") from None

@@ -10,7 +10,7 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
-from ironserve.config import ConfigError, StackConfig, build_config
+from ironserve.config import ConfigError, StackConfig, build_config, check_roles_deployable
 from ironserve.paths import REPO_ROOT
 
 
@@ -41,6 +41,7 @@ def validate_inventory(hosts: list[InventoryHost]) -> tuple[dict[str, StackConfi
     for host in hosts:
         try:
             configs[host.name] = build_config(host.name, host.data)
+            check_roles_deployable(configs[host.name])
         except ConfigError as exc:
             problems.extend(str(exc).splitlines())
     if not hosts:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job against the local lab: lab up -> deploy -> acceptance gate -> report.
+# The main job against the local lab: lab up -> deploy (all roles, the inference service last) ->
+# acceptance gate -> report -> a completion served through Envoy from the lab host.
 # Touches only the host it starts, so a lab someone else runs on this machine is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +22,10 @@ for invariant, result in results.items():
     for note in result.get("skipped", []):
         print(f"        not checked here: {note}")
 PY
+address=$(ironserve lab status | awk -v h="$host" '$1 == h { split($3, a, ":"); print a[1] }')
+echo
+echo "== a completion through Envoy on $host (http://$address:8080, simulated: CPU vLLM, tiny model) =="
+curl -sS --max-time 120 -D - "http://$address:8080/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "qwen2-7b", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}' \
+  | grep -iE '^(HTTP/|x-ironserve-colour)|"usage"' || status=1
 exit $status

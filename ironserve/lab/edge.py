@@ -6,7 +6,8 @@ machine's 127.0.0.1 (the admin side, like a real iDRAC on the management network
 the emulator writes the applied BIOS attributes into the host, so the stand-ins show the change.
 `detach` stops the emulator. Both are idempotent; the emulator's pid and URL live in the lab state.
 Each host also gets its own server of the lab's signed NVIDIA apt mirror (ironserve/lab/aptrepo.py),
-started and stopped the same way (pid, URL and key path in the host's `extra`).
+started and stopped the same way (pid, URL and key path in the host's `extra`), and one of the lab's pip
+index of the engine lock's wheels (ironserve/lab/wheelhouse.py; pid and URL in `extra`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from ironserve.lab import aptrepo, redfish_emulator, remote, state
+from ironserve.lab import aptrepo, redfish_emulator, remote, state, wheelhouse
 from ironserve.lab.hardware import load_profile
 from ironserve.lab.network import GATEWAY
 from ironserve.lab.state import LabHost
@@ -99,6 +100,7 @@ def attach(host: LabHost, credentials: Path | None = None) -> LabHost:
         host.extra["redfish_pid"] = str(pid)
         host.extra["redfish_url"] = f"http://127.0.0.1:{port}"
     _attach_mirror(host)
+    _attach_pip_index(host)
     current = state.load()
     for known in current.hosts:
         if known.name == host.name:
@@ -114,6 +116,7 @@ def detach(host: LabHost) -> None:
     host.extra.pop("redfish_pid", None)
     host.extra.pop("redfish_url", None)
     _detach_mirror(host)
+    _detach_pip_index(host)
 
 
 # --- the NVIDIA apt mirror: a signed repository of stand-in packages, one server per host -----------
@@ -142,3 +145,24 @@ def _detach_mirror(host: LabHost) -> None:
         aptrepo.stop(int(pid))
     host.extra.pop("aptrepo_url", None)
     host.extra.pop("aptrepo_key", None)
+
+
+# --- the pip index: the engine lock's wheels (ironserve/lab/wheelhouse.py), one server per host ---------------
+
+
+def _attach_pip_index(host: LabHost) -> None:
+    """Serve the lab pip index to `host`, as a site's PyPI/PyTorch mirror (downloaded first if missing)."""
+    pid = host.extra.get("pip_index_pid")
+    if pid and wheelhouse.running(int(pid)):
+        return
+    bind, seen_as = ("127.0.0.1", "10.0.2.2") if host.kind == "vm" else (str(GATEWAY), str(GATEWAY))
+    new_pid, url = wheelhouse.start(bind, host.pids[0] if host.pids else None, lab_dir() / f"{host.name}-pip.log")
+    host.extra["pip_index_pid"] = str(new_pid)
+    host.extra["pip_index_url"] = url.replace(bind, seen_as, 1)
+
+
+def _detach_pip_index(host: LabHost) -> None:
+    pid = host.extra.pop("pip_index_pid", None)
+    if pid:
+        wheelhouse.stop(int(pid))
+    host.extra.pop("pip_index_url", None)

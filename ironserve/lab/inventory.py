@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ironserve.lab import inference as lab_inference
 from ironserve.lab import state
 from ironserve.paths import lab_dir
 
@@ -30,6 +31,9 @@ def _entry(host: state.LabHost) -> HostEntry:
     if host.extra.get("aptrepo_url"):  # the lab NVIDIA mirror (ironserve/lab/aptrepo.py), as an air-gapped site's
         data["nvidia_repo_url"] = host.extra["aptrepo_url"]
         data["nvidia_repo_key"] = host.extra["aptrepo_key"]
+    if host.extra.get("pip_index_url"):  # the lab pip index of the engine lock (ironserve/lab/wheelhouse.py)
+        data["inference_pip_index_url"] = host.extra["pip_index_url"] + "/simple/"
+    data.update(lab_inference.inventory_data())  # the CPU engine and the tiny model's sealed versions
     if host.kind == "vm":
         # Under software emulation unpacking linux-headers and mkinitramfs each take over 10 minutes
         # (measured); the VM hosts are for GRUB and reboots, so the NVIDIA role skips both there.

@@ -1,4 +1,4 @@
-"""Background servers of the lab edge (Redfish emulator, apt mirror): start, wait, follow the host, stop.
+"""Background servers of the lab edge (Redfish emulator, apt mirror, pip index): start, wait, follow the host, stop.
 
 One mechanism for every such server, so each starts detached in its own session, is known to answer
 before `start` returns, exits by itself once its lab host is gone, and is stopped only if the pid is
@@ -8,6 +8,8 @@ still the process the lab started (a recycled pid is left alone).
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
 import os
 import signal
 import socket
@@ -85,3 +87,17 @@ def exit_with(watch_pid: int | None, shutdown: Callable[[], None]) -> None:
                 return
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def serve_directory(root: Path, bind: str, port: int, watch_pid: int | None) -> None:
+    """In the server: serve the files under `root` over HTTP until SIGTERM or until `watch_pid` is gone."""
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer((bind, port), handler)
+    exit_with(watch_pid, lambda: os._exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    server.serve_forever()

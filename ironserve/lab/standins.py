@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -201,7 +202,16 @@ def dmidecode(profile: dict[str, Any], argv: Sequence[str]) -> str:
 # ---- lscpu -----------------------------------------------------------------------------------------------
 
 
+# Per-CPU listings (`-e`, `-p`, `-J`) come from the real lscpu: software that runs on the lab host (vLLM's
+# CPU backend binds its threads from `lscpu -J -e`) must see the CPUs it actually runs on. The simulated
+# R740 answers the summary view that the preflight reads.
+REAL_LSCPU = "/usr/bin/lscpu"
+LISTING_FLAGS = ("-e", "--extended", "-p", "--parse", "-J", "--json")
+
+
 def lscpu(profile: dict[str, Any], argv: Sequence[str]) -> str:
+    if any(arg.startswith(LISTING_FLAGS) for arg in argv):
+        return subprocess.run([REAL_LSCPU, *argv], capture_output=True, text=True, check=False).stdout
     cpu = profile["cpu"]
     sockets, cores = cpu["sockets"], cpu["cores_per_socket"]
     threads = sockets * cores * 2

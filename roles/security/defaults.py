@@ -30,8 +30,9 @@ DEFAULTS: dict[str, object] = {
     ],
     # sec-cap-sys-nice (correction): the only capability, granted per service, never on the interpreter.
     "security_capabilities": ["CAP_SYS_NICE"],
-    # Units that get the hardening drop-in (user, capabilities, seccomp filter, slice).
-    "security_service_units": ["ai-service.service"],
+    # Units that get the hardening drop-in (user, capabilities, seccomp filter, slice); ai-service@.service is
+    # the inference role's blue/green engine template (the drop-in applies to every colour).
+    "security_service_units": ["ai-service.service", "ai-service@.service"],
     # sec-seccomp-profile: where the kubelet reads Localhost profiles (localhostProfile: profiles/ai-service.json).
     "security_kubelet_seccomp_dir": "/var/lib/kubelet/seccomp/profiles",
 }

@@ -54,8 +54,9 @@ def test_routes_only_v1_and_health_to_the_active_colour(tmp_path: Path) -> None:
     assert router.RETRY_POLICY["retry_on"] == "connect-failure,reset,refused-stream"
     # Everything else (vLLM's /metrics, dev endpoints such as /reset_prefix_cache) never reaches an engine.
     assert matches[2] == ({"prefix": "/"}, None, True) and len(matches) == 3
-    headers = {h["header"]["key"]: h["header"]["value"] for h in host["response_headers_to_add"]}
-    assert headers == {"x-ironserve-colour": "green", "x-backend": "qwen2-7b-v2:8001"}
+    for served in host["routes"][:2]:  # on each route, not the virtual host (see router._x_env_routes)
+        headers = {h["header"]["key"]: h["header"]["value"] for h in served["response_headers_to_add"]}
+        assert headers == {"x-ironserve-colour": "green", "x-backend": "qwen2-7b-v2:8001"}
     idle = router.routes(swap, None, None, 0)["resources"][0]["virtual_hosts"][0]["routes"]
     assert all(r["direct_response"]["status"] in (503, 404) for r in idle)
 

@@ -1,8 +1,9 @@
-"""Wires the modules into one command: verify, seal, launch, probe, exporter, rules."""
+"""Wires the modules into one command: verify, seal, launch, probe, exporter, rules, router, control, swap, status."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -95,6 +96,12 @@ def cmd_swap(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    status = swap.serving_status(_settings(args.config))
+    print(json.dumps(status, sort_keys=True))
+    return 0 if status["ready"] else 1
+
+
 def cmd_control(args: argparse.Namespace) -> int:
     return control.run_controller(_settings(args.config))
 
@@ -144,6 +151,10 @@ def parser() -> argparse.ArgumentParser:
     swap_command.add_argument("version")
     swap_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     swap_command.set_defaults(handler=cmd_swap)
+
+    status_command = commands.add_parser("status", help="JSON: active version, colour, ready (exit 0 when ready)")
+    status_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    status_command.set_defaults(handler=cmd_status)
 
     control_command = commands.add_parser("control", help="watch etcd and move Envoy's route after a readiness check")
     control_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)

@@ -204,11 +204,15 @@ class Controller:
         self.log = log
         self.values: dict[str, str] = {}
         self.stopped = threading.Event()
-        _, self.colour, self.version = router.current_route(self.swap)
+        self.route_revision, self.colour, self.version = router.current_route(self.swap)
+        self.settings_applied = False
 
     def apply(self, revision: int) -> None:
         colour, version = desired(self.swap, self.values)
-        if version is None or (colour, version) == (self.colour, self.version):
+        if version is None:
+            return
+        if (colour, version) == (self.colour, self.version):
+            self.apply_settings()
             return
         if colour is None:
             self.log(f"active={version} but no colour runs it; keeping {self.colour}/{self.version}")
@@ -219,7 +223,23 @@ class Controller:
             return
         router.write_atomic(self.swap.router_dir / router.RDS_FILE, router.routes(self.swap, colour, version, revision))
         self.log(f"route -> {colour}/{version} (etcd revision {revision})")
-        self.colour, self.version = colour, version
+        self.route_revision, self.colour, self.version = revision, colour, version
+        self.settings_applied = True
+
+    def apply_settings(self) -> None:
+        """Once per start: re-render the route the colour already serves, so a settings change (e.g.
+        swap.routing, applied by restarting this loop) reaches Envoy without a switch. Prod traffic keeps
+        its target, so no readiness check is needed; an unchanged route is not rewritten."""
+        if self.settings_applied or self.colour is None:
+            return
+        self.settings_applied = True
+        path = self.swap.router_dir / router.RDS_FILE
+        wanted = router.routes(self.swap, self.colour, self.version, self.route_revision)  # type: ignore[arg-type]
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(path.read_text(encoding="utf-8")) == wanted:
+                return
+        router.write_atomic(path, wanted)
+        self.log(f"route re-rendered for the current settings ({self.colour}/{self.version})")
 
     def run_once(self, idle_s: float = 5.0) -> None:
         """Resynchronise from a full read, then follow the watch until it ends (raises on etcd trouble)."""

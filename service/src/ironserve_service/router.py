@@ -8,21 +8,32 @@ Envoy sees the move, loads the whole file and applies the new RouteConfiguration
 including those on already-open keep-alive and HTTP/2 connections, while streams in flight finish on
 the cluster they started on. No extra long-running process, nothing to authenticate, and the last good
 route survives a restart of the control loop or of etcd because it is a file.
+
+X-Env colouring (``SwapSettings.routing``): requests with ``X-Env: staging`` go to the ``staging`` cluster,
+``X-Env: canary`` to a weighted split between the ``canary`` cluster and the active colour (prod), anything
+else (no header, unknown value, or a colour that is not configured) to the active colour. The header routes
+are part of the same route file, so every rewrite by the control loop moves the canary split's prod share
+to the new colour too.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from ironserve_service.settings import COLOURS, Colour, SwapSettings
+from ironserve_service.settings import COLOURS, Colour, RoutingSettings, SwapSettings
 
 ROUTE_CONFIG_NAME = "ironserve"
 COLOUR_HEADER = "x-ironserve-colour"
 # The seed's x-backend header, kept for observability (hot-swap-lua-filter correction).
 BACKEND_HEADER = "x-backend"
+# X-Env request header (route-header-map): value -> cluster; Envoy matches header names case-insensitively.
+ENV_HEADER = "x-env"
+STAGING = "staging"
+CANARY = "canary"
 RDS_FILE = "rds.json"
 CDS_FILE = "cds.json"
 ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
@@ -55,6 +66,8 @@ def bootstrap(settings: SwapSettings) -> JSON:
         "stat_prefix": "ingress",
         # AUTO: HTTP/1.1, and HTTP/2 by prior knowledge (h2c) on the same port.
         "codec_type": "AUTO",
+        # Explicit, so the HTTP/2 side is visible in config_dump (ingress-envoy-http2); Envoy's defaults.
+        "http2_protocol_options": {},
         # On the connection manager, not the router filter (catalog correction); streams idle > 300 s end.
         "stream_idle_timeout": f"{settings.stream_idle_timeout_s}s",
         "rds": {"route_config_name": ROUTE_CONFIG_NAME, "config_source": _file_source(settings, RDS_FILE)},
@@ -81,17 +94,33 @@ def bootstrap(settings: SwapSettings) -> JSON:
     }
 
 
-def _endpoint(port: int) -> JSON:
-    return {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+def _endpoint(host: str, port: int) -> JSON:
+    return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def cluster(colour: Colour, port: int) -> JSON:
+    return upstream_cluster(colour, [("127.0.0.1", port)])
+
+
+def upstream_cluster(name: str, addresses: list[tuple[str, int]]) -> JSON:
+    """Round-robin over the addresses; DNS names resolve with STRICT_DNS, IP literals stay STATIC."""
     return {
         "@type": CLUSTER_TYPE,
-        "name": colour,
-        "type": "STATIC",
+        "name": name,
+        "type": "STATIC" if all(_is_ip(host) for host, _ in addresses) else "STRICT_DNS",
         "connect_timeout": "1s",
-        "load_assignment": {"cluster_name": colour, "endpoints": [{"lb_endpoints": [_endpoint(port)]}]},
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [_endpoint(host, port) for host, port in addresses]}],
+        },
         # vLLM's server (uvicorn) closes idle keep-alive connections after 5 s; Envoy drops its idle
         # upstream connections first, so a request is never written on a connection being closed.
         "typed_extension_protocol_options": {
@@ -105,8 +134,18 @@ def cluster(colour: Colour, port: int) -> JSON:
     }
 
 
+def _colours(routing: RoutingSettings) -> dict[str, list[str]]:
+    """The configured X-Env colours (cluster name -> backends); unconfigured ones are absent."""
+    return {name: backends for name, backends in ((STAGING, routing.staging), (CANARY, routing.canary)) if backends}
+
+
 def clusters(settings: SwapSettings) -> JSON:
-    return {"version_info": "1", "resources": [cluster(c, settings.port(c)) for c in COLOURS]}
+    """blue and green (one local engine each), plus staging and canary when configured."""
+    extra = [
+        upstream_cluster(name, [RoutingSettings.address(b) for b in backends])
+        for name, backends in _colours(settings.routing).items()
+    ]
+    return {"version_info": "1", "resources": [*(cluster(c, settings.port(c)) for c in COLOURS), *extra]}
 
 
 def route_version(colour: Colour | None, version: str | None, revision: int) -> str:
@@ -118,25 +157,68 @@ def parse_route_version(text: str) -> tuple[int, str | None, str | None]:
     return int(revision), (None if colour == "none" else colour), (None if version == "none" else version)
 
 
+def _headers(colour: str, backend: str) -> list[JSON]:
+    return [
+        {"header": {"key": COLOUR_HEADER, "value": colour}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+        {"header": {"key": BACKEND_HEADER, "value": backend}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+    ]
+
+
+def _env_match(match: JSON, value: str) -> JSON:
+    # Values compare case-insensitively (nginx's map of the seed does too); any other value means prod.
+    header = {"name": ENV_HEADER, "string_match": {"exact": value, "ignore_case": True}}
+    return {**match, "headers": [header]}
+
+
+def _x_env_routes(settings: SwapSettings, colour: Colour, matches: list[JSON], prod: list[JSON]) -> list[JSON]:
+    """Header routes placed before the prod ones: staging, and the canary split whose prod share is `colour`.
+
+    The colour headers sit on each route or weighted cluster, never on the virtual host: Envoy (1.40) applies
+    a weighted cluster's response headers before the virtual host's, which would overwrite the canary's.
+    """
+    routing = settings.routing
+    served: list[JSON] = []
+    for name in _colours(routing):
+        # The upstream address the request went to, filled in by Envoy (per-backend observability).
+        headers = _headers(name, f"{name}/%UPSTREAM_REMOTE_ADDRESS%")
+        if name == STAGING:
+            action: JSON = {"cluster": STAGING}
+            route_headers = headers
+        else:
+            split: list[JSON] = [
+                {"name": CANARY, "weight": routing.canary_weight, "response_headers_to_add": headers},
+                {"name": colour, "weight": routing.prod_weight, "response_headers_to_add": prod},
+            ]
+            action = {"weighted_clusters": {"clusters": [c for c in split if c["weight"] > 0]}}
+            route_headers = []
+        action.update({"timeout": "0s", "retry_policy": RETRY_POLICY})
+        for match in matches:
+            route: JSON = {"match": _env_match(match, name), "route": action}
+            if route_headers:
+                route["response_headers_to_add"] = route_headers
+            served.append(route)
+    return served
+
+
 def routes(settings: SwapSettings, colour: Colour | None, version: str | None, revision: int) -> JSON:
     """Only /v1/* and /health reach the active colour; everything else (vLLM's dev endpoints, /metrics) is 404.
 
-    colour None: no model is active yet, every request gets 503.
+    X-Env: staging / canary (when configured) go to the staging cluster / the canary-vs-`colour` split on the
+    same two paths. colour None: no model is active yet, every request gets 503 (X-Env included).
     """
     if colour is None:
         served: list[JSON] = [
             {"match": {"prefix": "/v1/"}, "direct_response": {"status": 503, "body": {"inline_string": "no model"}}},
             {"match": {"path": "/health"}, "direct_response": {"status": 503}},
         ]
-        headers: list[JSON] = []
     else:
         # timeout 0s: no route timeout, streams are bounded by the connection manager's idle timeout.
         action = {"cluster": colour, "timeout": "0s", "retry_policy": RETRY_POLICY}
-        served = [{"match": {"prefix": "/v1/"}, "route": action}, {"match": {"path": "/health"}, "route": action}]
-        backend = f"{settings.model_name}-{version}:{settings.port(colour)}"
-        headers = [
-            {"header": {"key": COLOUR_HEADER, "value": colour}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
-            {"header": {"key": BACKEND_HEADER, "value": backend}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+        matches: list[JSON] = [{"prefix": "/v1/"}, {"path": "/health"}]
+        headers = _headers(colour, f"{settings.model_name}-{version}:{settings.port(colour)}")
+        served = [
+            *_x_env_routes(settings, colour, matches, headers),
+            *({"match": m, "route": action, "response_headers_to_add": headers} for m in matches),
         ]
     refused = {"match": {"prefix": "/"}, "direct_response": {"status": 404}}
     return {
@@ -150,7 +232,6 @@ def routes(settings: SwapSettings, colour: Colour | None, version: str | None, r
                         "name": settings.model_name,
                         "domains": ["*"],
                         "routes": [*served, refused],
-                        "response_headers_to_add": headers,
                     }
                 ],
             }

@@ -118,6 +118,46 @@ Colour = Literal["blue", "green"]
 COLOURS: tuple[Colour, Colour] = ("blue", "green")
 
 
+class RoutingSettings(_Strict):
+    """X-Env request-header colouring in Envoy (route-* entries of the catalog).
+
+    No header (or any other value) -> prod, the active blue/green colour; ``X-Env: staging`` -> the staging
+    backends; ``X-Env: canary`` -> a weighted split between the canary backends and prod (relative weights,
+    not percentages). Backends are ``host:port`` (IP literal, ``[v6]``, or a DNS name). An empty list means
+    that colour is not configured: its X-Env value then goes to prod like any unknown value.
+    """
+
+    staging: list[str] = Field(default_factory=list)
+    canary: list[str] = Field(default_factory=list)
+    canary_weight: int = Field(default=10, ge=0, le=10_000)
+    prod_weight: int = Field(default=90, ge=0, le=10_000)
+
+    @staticmethod
+    def address(backend: str) -> tuple[str, int]:
+        host, colon, port = backend.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        valid_host = bool(host) and (":" in host or all(c.isalnum() or c in ".-" for c in host))
+        if not colon or not valid_host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"backend {backend!r} is not host:port")
+        return host, int(port)
+
+    @field_validator("staging", "canary")
+    @classmethod
+    def _backends(cls, backends: list[str]) -> list[str]:
+        for backend in backends:
+            cls.address(backend)
+        if len(set(backends)) != len(backends):
+            raise ValueError(f"duplicate backends: {backends}")
+        return backends
+
+    @model_validator(mode="after")
+    def _weights(self) -> RoutingSettings:
+        if self.canary and self.canary_weight + self.prod_weight == 0:
+            raise ValueError("canary_weight + prod_weight must be positive")
+        return self
+
+
 class SwapSettings(_Strict):
     """Blue/green hot swap: etcd key, Envoy router and the two engine instances (hot-swap-* entries)."""
 
@@ -129,6 +169,10 @@ class SwapSettings(_Strict):
     verify_release: bool = True
     # Per-colour launcher configs, markers and logs (run_dir/<colour>/).
     run_dir: Path = Path("/run/ironserve")
+    # systemd unit per colour, "{colour}" filled in (e.g. "ai-service@{colour}.service"): `swap` starts and
+    # stops the colours through systemd (user, slice, seccomp come from the unit). None: `swap` starts the
+    # launchers itself as detached processes (tests, benchmarks, hosts without systemd).
+    colour_unit: str | None = None
     # Envoy's dynamic configuration files (cds.json, rds.json), replaced by atomic rename.
     router_dir: Path = Path("/etc/ironserve/envoy")
     envoy_binary: Path | None = None
@@ -144,6 +188,15 @@ class SwapSettings(_Strict):
     switch_timeout_s: float = Field(default=10.0, gt=0)
     ready_timeout_s: float = Field(default=900.0, gt=0)
     poll_interval_s: float = Field(default=0.5, gt=0)
+    # X-Env staging/canary routes of the same Envoy (here because `router` and `control` get SwapSettings).
+    routing: RoutingSettings = RoutingSettings()
+
+    @field_validator("colour_unit")
+    @classmethod
+    def _unit_per_colour(cls, template: str | None) -> str | None:
+        if template is not None and (template.count("{colour}") != 1 or not template.endswith(".service")):
+            raise ValueError("colour_unit must name a .service unit with one {colour} placeholder")
+        return template
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> SwapSettings:
@@ -168,6 +221,9 @@ class SwapSettings(_Strict):
 
     def colour_dir(self, colour: Colour) -> Path:
         return self.run_dir / colour
+
+    def unit(self, colour: Colour) -> str | None:
+        return self.colour_unit.format(colour=colour) if self.colour_unit else None
 
 
 class ServiceSettings(_Strict):

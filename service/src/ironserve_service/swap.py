@@ -59,27 +59,50 @@ def colour_settings(settings: ServiceSettings, colour: Colour, model_dir: Path) 
     )
 
 
+def systemctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
+
+
 def launcher_pid(settings: ServiceSettings, colour: Colour) -> int | None:
-    """PID of the colour's running launcher (pid file written at start, alive)."""
+    """PID of the colour's running launcher: the unit's main process, or the pid file written at start."""
+    unit = settings.swap.unit(colour)
+    if unit is not None:
+        main_pid = systemctl("show", "--property=MainPID", "--value", unit).stdout.strip()
+        return int(main_pid) if main_pid.isdigit() and int(main_pid) > 0 else None
     pid = marker_pid(settings.swap.colour_dir(colour) / "launcher.pid")
     if pid is not None:
         _reap(pid)
     return pid if pid is not None and pid_alive(pid) else None
 
 
-def start_colour(settings: ServiceSettings, colour: Colour, model_dir: Path) -> int:
-    """Starts `ironserve-service launch` for the colour, detached (own session), logs in run_dir/<colour>/."""
+def start_colour(settings: ServiceSettings, colour: Colour, model_dir: Path) -> None:
+    """Writes the colour's launcher config (run_dir/<colour>/service.yaml) and starts `ironserve-service
+    launch` with it: through the colour's systemd unit, or detached (own session) with logs beside the config."""
     directory = settings.swap.colour_dir(colour)
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "service.yaml"
     config.write_text(yaml.safe_dump(colour_settings(settings, colour, model_dir).model_dump(mode="json")))
+    unit = settings.swap.unit(colour)
+    if unit is not None:
+        started = systemctl("start", unit)
+        if started.returncode != 0:
+            raise GateFailed("start", f"systemctl start {unit}: {started.stderr.strip()}")
+        return
     with (directory / "launcher.log").open("ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "ironserve_service", "launch", "--config", str(config)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
     (directory / "launcher.pid").write_text(f"{process.pid}\n")
-    return process.pid
+
+
+def launcher_log_tail(settings: ServiceSettings, colour: Colour) -> str:
+    unit = settings.swap.unit(colour)
+    if unit is not None:
+        return subprocess.run(["journalctl", "--unit", unit, "--lines", "15", "--no-pager", "--output", "cat"],
+                              capture_output=True, text=True, check=False).stdout  # fmt: skip
+    log = settings.swap.colour_dir(colour) / "launcher.log"
+    return log.read_text(errors="replace")[-600:] if log.exists() else ""
 
 
 def _reap(pid: int) -> None:
@@ -89,11 +112,18 @@ def _reap(pid: int) -> None:
 
 
 def stop_colour(settings: ServiceSettings, colour: Colour) -> float:
-    """SIGTERM to the launcher (ready marker removed, vLLM drains, killed after drain_timeout_s); returns seconds."""
+    """SIGTERM to the launcher (ready marker removed, vLLM drains, killed after drain_timeout_s); returns seconds.
+
+    A unit is stopped by systemd (KillMode=mixed: SIGTERM to the launcher, SIGKILL for what is left after
+    TimeoutStopSec), which also keeps Restart= from bringing a deliberately stopped colour back."""
+    started = time.monotonic()
+    unit = settings.swap.unit(colour)
+    if unit is not None:
+        systemctl("stop", unit)
+        return time.monotonic() - started
     pid = launcher_pid(settings, colour)
     if pid is None:
         return 0.0
-    started = time.monotonic()
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = started + settings.readiness.drain_timeout_s + 30
@@ -141,6 +171,26 @@ def wait_idle(admin: EnvoyAdmin, cluster: str, idle_s: float, max_s: float, inte
     raise GateFailed("drain", f"cluster {cluster} still had active requests after {max_s}s")
 
 
+def serving_status(settings: ServiceSettings) -> dict[str, object]:
+    """What this host serves now: etcd's active version and colour, and whether that colour is ready.
+
+    `ready` is the fast check (ready marker of a live launcher, /health 200), as the control loop uses it.
+    The inference role reads this to decide whether a swap is due (a version change, or a colour that died).
+    """
+    swap_settings = settings.swap
+    status: dict[str, object] = {"model": swap_settings.model_name, "active": None, "colour": None, "ready": False}
+    try:
+        snapshot = Etcd(swap_settings.etcd_url, swap_settings.etcd_timeout_s).get_prefix(swap_settings.key_prefix)
+    except EtcdError as error:
+        return {**status, "reason": f"etcd: {error}"}
+    colour, version = desired(swap_settings, snapshot.values)
+    status.update(active=version, colour=colour)
+    if colour is None:
+        return {**status, "reason": "no colour runs the active version" if version else "nothing active"}
+    result = check_colour(settings, colour, full=False)
+    return {**status, "ready": result.ok, "reason": result.reason}
+
+
 def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable[[str], None] = print) -> SwapResult:
     swap_settings = settings.swap
     timings: dict[str, float] = {}
@@ -173,17 +223,15 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
 
     # Whatever runs on the idle colour is not serving (the route points at old_colour): replace it.
     stop_colour(settings, new_colour)
-    start_colour(settings, new_colour, model_dir)
-    log(f"started {new_colour} ({version}) on port {swap_settings.port(new_colour)}")
     try:
+        start_colour(settings, new_colour, model_dir)
+        log(f"started {new_colour} ({version}) on port {swap_settings.port(new_colour)}")
         deadline = time.monotonic() + swap_settings.ready_timeout_s
         while True:
             pid = launcher_pid(settings, new_colour)
-            if pid is not None:
-                _reap(pid)
             if pid is None or not pid_alive(pid):
-                tail = (swap_settings.colour_dir(new_colour) / "launcher.log").read_text(errors="replace")[-600:]
-                raise GateFailed("readiness", f"{new_colour} launcher exited before ready: ...{tail.strip()}")
+                tail = launcher_log_tail(settings, new_colour).strip()
+                raise GateFailed("readiness", f"{new_colour} launcher exited before ready: ...{tail}")
             if colour_readiness(settings, new_colour).ready_marker.exists():
                 break
             if time.monotonic() > deadline:

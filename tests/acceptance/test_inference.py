@@ -1,0 +1,245 @@
+"""Acceptance: roles/inference (areas inference_service, hot_swap, python_runtime, and Envoy's ingress settings).
+
+Everything is observed on the host through its own interfaces: etcd's JSON gateway, Envoy's admin
+(loopback) and listener, the engines' HTTP API, systemd, /proc and the venv's pip. On a lab host the
+engine is vLLM's CPU build serving a tiny model; the GPU-only checks of torch are in test_nvidia.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from typing import Any
+
+import pytest
+
+from ironserve.config import StackConfig
+from ironserve.config_inference import CONFIG_PATH
+from ironserve.inference import environment_drift, lock_pins, service_yaml
+
+
+def _python(host: Any, config: StackConfig, code: str) -> Any:
+    return host.run(f"{config.inference.venv}/bin/python -c {shlex.quote(code)}")
+
+
+def _http(
+    host: Any, config: StackConfig, url: str, body: dict[str, Any] | None = None
+) -> tuple[int, Any, dict[str, str]]:
+    """(status, JSON or text, headers) of a request made on the host with the venv's Python."""
+    data = "None" if body is None else repr(json.dumps(body).encode())
+    code = (
+        "import json, urllib.request, urllib.error\n"
+        f"req = urllib.request.Request({url!r}, data={data}, headers={{'Content-Type': 'application/json'}})\n"
+        "try:\n    r = urllib.request.urlopen(req, timeout=60)\n"
+        "except urllib.error.HTTPError as e:\n    r = e\n"
+        "print(json.dumps([r.status, r.read().decode(), dict(r.headers)]))"
+    )
+    result = _python(host, config, code)
+    assert result.rc == 0, result.stderr
+    status, text, headers = json.loads(result.stdout)
+    try:
+        return status, json.loads(text), headers
+    except json.JSONDecodeError:
+        return status, text, headers
+
+
+def _service(config: StackConfig) -> Any:
+    return config.inference.service_settings(config.security.model_dir)
+
+
+def _etcd_get(host: Any, config: StackConfig, key: str) -> str | None:
+    service = _service(config)
+    body = {"key": base64.b64encode(key.encode()).decode()}
+    status, reply, _ = _http(host, config, f"{service.swap.etcd_url}/v3/kv/range", body)
+    assert status == 200, reply
+    kvs = reply.get("kvs", [])
+    return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+
+
+def _listener(config: StackConfig, path: str) -> str:
+    return f"http://127.0.0.1:{_service(config).swap.listen_port}{path}"
+
+
+def _envoy_dump(host: Any, config: StackConfig) -> str:
+    status, text, _ = _http(host, config, f"http://127.0.0.1:{_service(config).swap.admin_port}/config_dump")
+    assert status == 200
+    return json.dumps(text)
+
+
+def _active_colour(host: Any, config: StackConfig) -> str:
+    service = _service(config)
+    version = _etcd_get(host, config, service.swap.active_key)
+    colour = next(
+        (c for c in ("blue", "green") if _etcd_get(host, config, service.swap.colour_key(c)) == version), None
+    )
+    assert colour is not None, f"no colour runs the active version {version}"
+    return colour
+
+
+@pytest.mark.invariant("hot-swap-etcd-key")
+def test_etcd_names_the_configured_version(host: Any, config: StackConfig, observe: Any) -> None:
+    service = _service(config)
+    active = _etcd_get(host, config, service.swap.active_key)
+    observe(f"{service.swap.active_key} = {active}")
+    assert active == config.inference.version()
+
+
+@pytest.mark.invariant("hot-swap-etcd-health")
+def test_etcd_is_healthy(host: Any, config: StackConfig, observe: Any) -> None:
+    status, reply, _ = _http(host, config, f"{_service(config).swap.etcd_url}/health")
+    observe(reply)
+    assert status == 200 and reply.get("health") == "true"
+
+
+@pytest.mark.invariant("hot-swap-envoy-follows-etcd", "svc-health-endpoint")
+def test_envoy_routes_to_the_colour_etcd_names(host: Any, config: StackConfig, observe: Any) -> None:
+    colour = _active_colour(host, config)
+    status, _, headers = _http(host, config, _listener(config, "/health"))
+    served = {k.lower(): v for k, v in headers.items()}.get("x-ironserve-colour")
+    observe(f"etcd: {colour}, Envoy served: {served}, /health {status}")
+    assert status == 200 and served == colour
+
+
+@pytest.mark.invariant("svc-engine-vllm", "svc-infer-endpoint")
+def test_completion_through_envoy(host: Any, config: StackConfig, observe: Any) -> None:
+    model = _service(config).engine.served_model_name
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    status, reply, _ = _http(host, config, _listener(config, "/v1/chat/completions"), body)
+    observe(f"HTTP {status}, usage {reply.get('usage') if isinstance(reply, dict) else reply}")
+    assert status == 200 and reply["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.invariant("svc-port", "hot-swap-dual-instances")
+def test_exactly_the_active_colour_listens_at_rest(host: Any, config: StackConfig, observe: Any) -> None:
+    swap = _service(config).swap
+    listening = {c: host.socket(f"tcp://127.0.0.1:{swap.port(c)}").is_listening for c in ("blue", "green")}
+    observe(listening)
+    assert [c for c, up in listening.items() if up] == [_active_colour(host, config)]
+
+
+def test_development_endpoints_are_not_exposed(host: Any, config: StackConfig, observe: Any) -> None:
+    status, _, _ = _http(host, config, _listener(config, "/metrics"))
+    observe(f"/metrics through Envoy: {status}")
+    assert status == 404
+
+
+def test_envoy_admin_listens_on_loopback_only(host: Any, config: StackConfig, observe: Any) -> None:
+    port = _service(config).swap.admin_port
+    listeners = [line for line in host.run("ss -Hltn").stdout.splitlines() if line.split()[3].endswith(f":{port}")]
+    observe(listeners)
+    assert listeners and all(line.split()[3] == f"127.0.0.1:{port}" for line in listeners)
+
+
+# HTTP/2 without TLS (h2c, prior knowledge): the client preface, then an empty SETTINGS frame.
+H2C_PROBE = (
+    "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=10); "
+    "s.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])); "
+    "head = s.recv(9); print(head[3] if len(head) == 9 else -1)"
+)
+
+
+@pytest.mark.invariant("ingress-envoy", "ingress-envoy-http2")
+def test_envoy_listener_speaks_http2(host: Any, config: StackConfig, observe: Any) -> None:
+    port = _service(config).swap.listen_port
+    frame = host.run(f"{config.inference.venv}/bin/python -c {shlex.quote(H2C_PROBE)} {port}").stdout.strip()
+    _, _, headers = _http(host, config, _listener(config, "/health"))
+    server = {k.lower(): v for k, v in headers.items()}.get("server")
+    observe(f"first frame type answering the h2c preface: {frame} (4 = SETTINGS); server: {server}")
+    assert frame == "4"
+    assert server == "envoy"
+    assert '"http2_protocol_options"' in _envoy_dump(host, config)
+
+
+@pytest.mark.invariant("ingress-envoy-stream-idle-timeout")
+def test_envoy_stream_idle_timeout(host: Any, config: StackConfig, observe: Any) -> None:
+    dump = _envoy_dump(host, config)
+    found = '"stream_idle_timeout": "300s"' in dump
+    observe("stream_idle_timeout 300s" if found else "absent")
+    assert found
+
+
+@pytest.mark.invariant("ingress-envoy-router-filter")
+def test_envoy_router_filter(host: Any, config: StackConfig, observe: Any) -> None:
+    dump = _envoy_dump(host, config)
+    assert "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" in dump
+
+
+@pytest.mark.parametrize("colour_unit", ["ai-service@.service"])
+@pytest.mark.invariant("sec-non-root-service", "sec-seccomp-profile", "cgroup-ai-service-memory-max")
+def test_engine_runs_unprivileged_in_the_slice_under_seccomp(
+    host: Any, config: StackConfig, colour_unit: str, observe: Any
+) -> None:
+    unit = colour_unit.replace("@", f"@{_active_colour(host, config)}")
+    pid = host.run(f"systemctl show --property=MainPID --value {unit}").stdout.strip()
+    status = dict(line.split(":", 1) for line in host.file(f"/proc/{pid}/status").content_string.splitlines())
+    cgroup = host.file(f"/proc/{pid}/cgroup").content_string.strip()
+    user = host.run(f"id -un {status['Uid'].split()[1]}").stdout.strip()
+    observe(f"{unit}: user {user}, Seccomp {status['Seccomp'].strip()}, cgroup {cgroup}")
+    assert user == config.security.user
+    assert status["Seccomp"].strip() == "2"
+    assert f"/{config.security.slice}/" in cgroup
+
+
+@pytest.mark.parametrize("unit", ["etcd.service", "ironserve-router.service", "ironserve-control.service",
+                                  "ironserve-exporter.service"])  # fmt: skip
+def test_service_component_enabled_and_running(host: Any, unit: str, observe: Any) -> None:
+    service = host.service(unit)
+    observe(f"running={service.is_running} enabled={service.is_enabled}")
+    assert service.is_running and service.is_enabled
+
+
+def test_prometheus_loaded_the_slo_rules(host: Any, config: StackConfig, observe: Any) -> None:
+    if not config.inference.prometheus:
+        pytest.skip("inference_prometheus is off on this host")
+    status, reply, _ = _http(host, config, "http://127.0.0.1:9090/api/v1/rules")
+    names = sorted(r["name"] for g in reply["data"]["groups"] for r in g["rules"] if r.get("type") == "alerting")
+    observe(names)
+    assert status == 200 and len(names) >= 10
+
+
+@pytest.mark.invariant("py-deps", "py-torch-sha256", "py-torch-version")
+def test_environment_is_exactly_the_lock(host: Any, config: StackConfig, observe: Any) -> None:
+    assert config.inference.requirements is not None
+    pins = lock_pins(config.inference.requirements.read_text())
+    listed = json.loads(host.run(f"{config.inference.venv}/bin/pip list --format=json").stdout)
+    installed = {item["name"].lower().replace("_", "-"): item["version"] for item in listed}
+    wrong, extra = environment_drift(pins, installed)
+    observe(f"{len(pins)} pinned; torch {installed.get('torch')}; wrong {wrong}; extra {extra}")
+    assert not wrong and not extra
+
+
+@pytest.mark.invariant("py-system-python-310", "py-pip-official-index")
+def test_distribution_python_venv_without_index_overrides(host: Any, config: StackConfig, observe: Any) -> None:
+    cfg = host.file(f"{config.inference.venv}/pyvenv.cfg").content_string
+    overrides = host.run(f"{config.inference.venv}/bin/pip config list").stdout.strip()
+    managers = host.run("command -v conda pyenv || true").stdout.strip()
+    observe(f"{cfg.splitlines()[0]}; pip config: {overrides or '(none)'}; conda/pyenv: {managers or '(none)'}")
+    assert "home = /usr/bin" in cfg
+    assert "index-url" not in overrides
+    assert not managers
+
+
+@pytest.mark.invariant("py-import-torch-clean")
+def test_torch_imports_without_symbol_errors(host: Any, config: StackConfig, observe: Any) -> None:
+    result = host.run(f"LD_DEBUG=libs {config.inference.venv}/bin/python -c 'import torch' 2>&1")
+    errors = [line for line in result.stdout.splitlines() if "symbol lookup error" in line]
+    observe(f"exit {result.rc}, {len(errors)} symbol lookup errors")
+    assert result.rc == 0 and not errors
+
+
+@pytest.mark.invariant("py-torch-rpath")
+def test_torch_resolves_its_bundled_libraries(host: Any, config: StackConfig, observe: Any) -> None:
+    code = (
+        "import os, torch; lib = os.path.join(os.path.dirname(torch.__file__), 'lib', 'libtorch_python.so'); "
+        "print(lib, b'$ORIGIN' in open(lib, 'rb').read())"
+    )
+    result = _python(host, config, code)
+    observe(result.stdout.strip())
+    assert result.rc == 0 and result.stdout.split()[-1] == "True"
+
+
+def test_service_config_is_the_validated_one(host: Any, config: StackConfig, observe: Any) -> None:
+    text = host.file(str(CONFIG_PATH)).content_string
+    observe(f"{len(text)} bytes")
+    assert text == service_yaml(_service(config))

