@@ -1,5 +1,8 @@
 """Print how long convergence takes on lab container hosts: lab up (boot-to-SSH), first deploy, no-op re-run.
 
+The deploy runs every role below the inference service (HOST_ROLES); the service's own deploy is
+measured by tests/lab/test_inference_deploy.py (it prints its first-deploy time).
+
 Usage: python benchmarks/converge.py [--sizes 1 4]
 Starts and stops its own lab hosts (others keep running). Figures only; no assertions.
 """
@@ -10,7 +13,7 @@ import argparse
 import time
 
 from ironserve.lab import manager
-from ironserve.lab.deploying import deploy
+from ironserve.lab.deploying import HOST_ROLES, deploy
 from ironserve.lab.hardware import DEFAULT_PROFILE
 
 
@@ -20,10 +23,10 @@ def measure(size: int) -> str:
     lab_up = time.monotonic() - started
     try:
         started = time.monotonic()
-        first = deploy(hosts)
+        first = deploy(hosts, roles=HOST_ROLES)
         first_s = time.monotonic() - started
         started = time.monotonic()
-        again = deploy(hosts)
+        again = deploy(hosts, roles=HOST_ROLES)
         again_s = time.monotonic() - started
         if first.returncode or again.returncode:
             raise SystemExit(first.output + again.output)

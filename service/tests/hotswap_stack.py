@@ -219,7 +219,9 @@ def one_request(url: str, streaming: bool, timeout_s: float = 60) -> Outcome:
         now = time.monotonic()
         return Outcome(False, False, None, streaming, "http/1.1", now - started, now, f"{error} {detail}")
     now = time.monotonic()
-    return Outcome(True, complete(text, streaming), colour, streaming, "http/1.1", now - started, now)
+    done = complete(text, streaming)
+    # An incomplete 200 keeps the end of its body: the engine's own error event, if it sent one.
+    return Outcome(True, done, colour, streaming, "http/1.1", now - started, now, "" if done else text[-400:])
 
 
 def h2c_request(url: str, streaming: bool, timeout_s: float = 60) -> Outcome:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from ironserve_service import router
-from ironserve_service.control import desired
-from ironserve_service.settings import SwapSettings
+from ironserve_service.control import Controller, desired
+from ironserve_service.health import ProbeResult
+from ironserve_service.settings import EngineSettings, RoutingSettings, ServiceSettings, SwapSettings
 
 ENVOY = Path(sys.executable).with_name("envoy")
 
@@ -107,3 +108,36 @@ def test_envoy_validates_generated_config(tmp_path: Path, colour: str | None) ->
     broken["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["bogus"] = 1
     (tmp_path / "broken.json").write_text(json.dumps(broken))
     assert envoy_validate(tmp_path / "broken.json").returncode != 0
+
+
+def test_control_loop_rerenders_the_served_route_for_new_settings_once(tmp_path: Path) -> None:
+    """A routing change reaches Envoy when the control loop restarts (the inference role restarts it when
+    service.yaml changes), without a switch: prod keeps its colour, the revision stays, X-Env is added."""
+    plain = settings(tmp_path)
+    router.write_atomic(plain.router_dir / router.RDS_FILE, router.routes(plain, "blue", "v1", 3))
+    routed = plain.model_copy(update={"routing": RoutingSettings(staging=["127.0.0.1:9"])})
+    lines: list[str] = []
+    controller = Controller(
+        ServiceSettings(engine=EngineSettings(model_dir=tmp_path), swap=routed),
+        check=lambda colour: ProbeResult(False, "not consulted: prod keeps its colour"),
+        log=lines.append,
+    )
+    controller.values = {routed.active_key: "v1", routed.colour_key("blue"): "v1"}
+    controller.apply(9)
+    written = json.loads((plain.router_dir / router.RDS_FILE).read_text())
+    assert written == router.routes(routed, "blue", "v1", 3) != router.routes(plain, "blue", "v1", 3)
+    assert router.current_route(routed) == (3, "blue", "v1")
+    controller.apply(10)  # once per start: an unchanged route is not written again
+    assert len(lines) == 1 and "re-rendered" in lines[0]
+
+
+@pytest.mark.parametrize("template", ["ai-service@blue.service", "ai-service@{colour}", "{colour}-{colour}.service"])
+def test_colour_unit_needs_one_placeholder_and_a_service_suffix(tmp_path: Path, template: str) -> None:
+    with pytest.raises(ValueError, match="colour_unit"):
+        settings(tmp_path).model_validate({"colour_unit": template})
+
+
+def test_colour_unit_names_each_colours_unit(tmp_path: Path) -> None:
+    swap = SwapSettings.model_validate({"colour_unit": "ai-service@{colour}.service"})
+    assert (swap.unit("blue"), swap.unit("green")) == ("ai-service@blue.service", "ai-service@green.service")
+    assert settings(tmp_path).unit("blue") is None  # no unit: swap starts the launchers itself

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from ironserve.lab import container, remote, state
-from ironserve.lab.deploying import deploy
+from ironserve.lab.deploying import HOST_ROLES, deploy
 from ironserve.lab.state import LabHost
 from tests.lab.conftest import lab_containers, skip_without_container_lab
 from tests.lab.machine_snapshot import differences, snapshot
@@ -68,7 +68,7 @@ def test_deploy_reboot_and_lab_down_leave_the_machine_as_it_was() -> None:
     before = snapshot()
     names_before = {h.name for h in state.load().hosts}
     with lab_containers(1) as [host]:
-        deployed = deploy([host])
+        deployed = deploy([host], roles=HOST_ROLES)
         assert deployed.returncode == 0, deployed.output
         old_boot = remote.boot_id(host)
         new_boot = remote.reboot(host, timeout=60, still_running=lambda: container.is_running(host))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ironserve.lab import container, edge, manager, remote, state
-from ironserve.lab.deploying import DeployResult, deploy
+from ironserve.lab.deploying import HOST_ROLES, DeployResult, deploy
 from ironserve.lab.inventory import lab_groups
 from ironserve.lab.state import LabHost
 from ironserve.paths import lab_dir
@@ -81,6 +81,7 @@ def _inventory(tmp: Path, names: list[str], **extra: Any) -> str:
     for data in entries.values():
         data.pop("bios_credentials_file", None)  # the password comes from the environment here
         data["preflight_report_dir"] = str(tmp / "reports")
+        data["ironserve_roles"] = list(HOST_ROLES)  # later roles prove the gate let the run go on
         data.update(extra)
         data.update(extra.get("per_host", {}).get(data["ssh_hostname"], {}))
         data.pop("per_host", None)
