@@ -8,6 +8,7 @@ any key they do not know. The models cover what ironserve renders; extend them w
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -157,3 +158,51 @@ def render_config(settings: ContainerRuntimeSettings) -> str:
     )
     check_config(text)
     return text
+
+
+# --- /etc/nvidia-container-runtime/config.toml (NVIDIA container toolkit) -------------------------------------
+
+NVIDIA_CLI_SECTION = "nvidia-container-cli"
+_TABLE = re.compile(r"^\s*\[")
+_CLI_TABLE = re.compile(r"^\s*\[\s*nvidia-container-cli\s*\]\s*(#.*)?$")
+_NO_CGROUPS = re.compile(r"^\s*no-cgroups\s*=")
+_NO_CGROUPS_COMMENTED = re.compile(r"^\s*#\s*no-cgroups\s*=")
+
+
+def nvidia_cli_no_cgroups(text: str) -> object:
+    """`no-cgroups` under [nvidia-container-cli] as TOML reads it (None when unset); raises on invalid TOML."""
+    try:
+        return tomllib.loads(text).get(NVIDIA_CLI_SECTION, {}).get("no-cgroups")
+    except tomllib.TOMLDecodeError as exc:
+        raise ContainerdConfigError(f"not valid TOML: {exc}") from exc
+
+
+def nvidia_cli_keeps_cgroups(text: str) -> str:
+    """`text` with `no-cgroups = false` under [nvidia-container-cli] (cri-nvidia-container-cli-cgroups).
+
+    Unchanged when TOML already reads false. Otherwise the key's line in that table is replaced, or the
+    toolkit's commented default (`#no-cgroups = false`) is uncommented in place, or the key is added under
+    the table header (the table added when absent); every other line stays as the package shipped it.
+    """
+    if nvidia_cli_no_cgroups(text) is False:
+        return text
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if _CLI_TABLE.match(line)), None)
+    if start is None:
+        lines += ["", f"[{NVIDIA_CLI_SECTION}]", "no-cgroups = false"]
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if _TABLE.match(lines[i])), len(lines))
+        body = range(start + 1, end)
+        active = [i for i in body if _NO_CGROUPS.match(lines[i])]
+        commented = [i for i in body if _NO_CGROUPS_COMMENTED.match(lines[i])]
+        found = active or commented
+        target = found[0] if found else None
+        if target is None:
+            lines.insert(start + 1, "no-cgroups = false")
+        else:
+            lines[target] = "no-cgroups = false"
+            lines = [line for i, line in enumerate(lines) if i not in active[1:]]  # a duplicate key is invalid TOML
+    edited = "\n".join(lines) + "\n"
+    if nvidia_cli_no_cgroups(edited) is not False:
+        raise ContainerdConfigError(f"could not set no-cgroups = false under [{NVIDIA_CLI_SECTION}]")
+    return edited

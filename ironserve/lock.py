@@ -78,6 +78,8 @@ class StackLock(BaseModel):
     cudnn: Component
     tensorrt: Component | None
     engine: Engine
+    # NVIDIA container toolkit release (nvidia-container-toolkit, libnvidia-container); None: not part of the set.
+    container_toolkit: VersionText | None = None
 
 
 def newest_cuda_for_driver(driver: str) -> str | None:

@@ -3,12 +3,16 @@
 It stands where NVIDIA's CUDA network repository (or a site's internal mirror of it) stands for a real
 host: same layout (`<distro>/x86_64/` with `Packages`, `Release`, `InRelease`), same package names and
 version strings, signed by a key the host trusts through `signed-by`. It carries the pinned set of every
-profile AND newer decoys (driver 535, a CUDA 12 toolkit, cuDNN 8.9 for CUDA 12, TensorRT for CUDA 12),
-so that a host converging to exactly the pinned set proves that the pins win over what apt would pick.
+profile AND newer decoys (driver 535, a CUDA 12 toolkit, cuDNN 8.9 for CUDA 12, TensorRT for CUDA 12,
+container toolkit 1.17.8), so that a host converging to exactly the pinned set proves that the pins win.
 
 The packages are stand-ins: real-looking files where the real ones go (`nvidia-smi` reporting the host's
 hardware profile, `/usr/local/cuda-X.Y/version.json`, `nvcc --version`, `cudnn_version.h`, libraries
-under their real names). They are built with `dpkg-deb`, indexed with `dpkg-scanpackages` (dpkg-dev)
+under their real names, the container toolkit's default `config.toml`, the driver's `dkms.conf`), plus a
+stand-in of Debian's `dkms` (ironserve/lab/standin_dkms.py) at a version above Debian 12's, so that `Depends:
+dkms` resolves to it in the lab. Beside the repository the server offers what else a site mirrors: stand-in
+driver runfiles at NVIDIA's download path and stand-in cuda-samples archives at GitHub's.
+Packages are built with `dpkg-deb`, indexed with `dpkg-scanpackages` (dpkg-dev)
 and signed with `gpg` (gnupg); the signing key is generated once into the cache, never committed.
 
 `ensure_built()` builds the repository once (rebuilt when this builder changes); `start(watch_pid)` serves
@@ -19,17 +23,17 @@ when the host's supervisor is gone).
 from __future__ import annotations
 
 import argparse
+import base64
 import fcntl
-import functools
 import gzip
 import hashlib
-import http.server
+import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from email.utils import formatdate
@@ -41,6 +45,7 @@ from ironserve.paths import lab_dir
 MODULE = "ironserve.lab.aptrepo"  # how servers are started, and recognised by their command line
 HERE = Path(__file__).resolve().parent
 NVIDIA_SMI = HERE / "standin_nvidia_smi.py"
+DKMS = HERE / "standin_dkms.py"
 DISTROS = ("debian12",)  # the lab runs Debian 12; the layout of NVIDIA's repository: <distro>/x86_64/
 ARCH_DIR = "x86_64"
 KEY_UID = "ironserve lab NVIDIA mirror <lab-mirror@ironserve.invalid>"
@@ -115,12 +120,298 @@ def driver_packages(version: str, debian_revision: str = "1") -> list[StandinPac
     }
     return [
         StandinPackage("nvidia-driver", pkg_version, f"NVIDIA driver metapackage ({version})", files, links),
+        dkms_package(version, pkg_version),
         StandinPackage(
             "nvidia-persistenced",
             pkg_version,
             "daemon to maintain persistent software state in the NVIDIA driver",
             persistenced_files,
             postinst="#!/bin/sh\nsystemctl daemon-reload >/dev/null 2>&1 || true\n",
+        ),
+    ]
+
+
+DKMS_MODULE = "nvidia-current"  # Debian's name of the driver's DKMS module (Ubuntu's nvidia-dkms-<branch>: nvidia)
+DKMS_BUILT = ("nvidia-current", "nvidia-current-modeset", "nvidia-current-drm", "nvidia-current-uvm")
+
+
+# Above any Debian 12 dkms (3.0.10-8+deb12uN), so a lab host that asks for `dkms` gets this stand-in.
+DKMS_STANDIN_VERSION = "3.0.10-99+ironservelab1"
+
+
+def dkms_standin_package() -> StandinPackage:
+    """Lab-only stand-in of Debian's `dkms` (ironserve/lab/standin_dkms.py): dkms's commands and bookkeeping, no
+    compiler. The mirror offers it under Debian's name so that `apt-get install dkms` and `Depends: dkms` resolve
+    to it in the lab as they resolve to the real dkms on an R740."""
+    files: Files = {
+        "/usr/lib/ironserve-lab/dkms.py": (DKMS.read_text(), 0o644),
+        "/usr/sbin/dkms": ('#!/bin/sh\nexec python3 /usr/lib/ironserve-lab/dkms.py "$@"\n', 0o755),
+    }
+    return StandinPackage("dkms", DKMS_STANDIN_VERSION, "Dynamic Kernel Module System (DKMS), lab stand-in", files)
+
+
+def _dkms_conf(module: str, version: str, built: tuple[str, ...]) -> str:
+    conf = [f'PACKAGE_NAME="{module}"', f'PACKAGE_VERSION="{version}"', "AUTOINSTALL=yes"]
+    for index, name in enumerate(built):
+        conf += [f'BUILT_MODULE_NAME[{index}]="{name}"', f'DEST_MODULE_LOCATION[{index}]="/updates/dkms"']
+    return "\n".join(conf) + "\n"
+
+
+def dkms_package(version: str, pkg_version: str) -> StandinPackage:
+    """nvidia-kernel-dkms: the module source registered with DKMS, built for the running and newest kernel."""
+    source = f"/usr/src/{DKMS_MODULE}-{version}"
+    files: Files = {
+        f"{source}/dkms.conf": (_dkms_conf(DKMS_MODULE, version, DKMS_BUILT), 0o644),
+        f"{source}/README.ironserve-lab": ("ironserve lab stand-in: no module source to compile.\n", 0o644),
+    }
+    # What Debian's dh_dkms postinst does: add the module, build it for the running kernel and the newest
+    # installed one when their headers are there, and say so when they are not.
+    postinst = f"""#!/bin/sh
+set -e
+dkms add -m {DKMS_MODULE} -v {version} >/dev/null
+newest=$(ls /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' | sort -V | tail -n 1)
+for kernel in $(uname -r) $newest; do
+    if [ -e /lib/modules/$kernel/build ] || [ -e /lib/modules/$kernel/source ]; then
+        dkms install -m {DKMS_MODULE} -v {version} -k $kernel
+    else
+        echo "Module build for kernel $kernel was skipped since the kernel headers for this kernel do not \
+seem to be installed."
+    fi
+done
+"""
+    prerm = f"#!/bin/sh\ndkms remove -m {DKMS_MODULE} -v {version} --all >/dev/null 2>&1 || true\n"
+    return StandinPackage(
+        "nvidia-kernel-dkms",
+        pkg_version,
+        f"NVIDIA binary kernel module DKMS source ({version})",
+        files,
+        depends="dkms",
+        postinst=postinst,
+        prerm=prerm,
+    )
+
+
+# --- NVIDIA's driver runfile (NVIDIA-Linux-x86_64-<version>.run) -------------------------------------------------
+
+RUNFILE_OPTIONS = ("--silent", "-s", "--dkms", "--no-opengl-files", "--no-x-check", "--no-kernel-module")
+
+
+def runfile_path(version: str) -> str:
+    """Where the mirror serves a driver runfile, relative to its base URL (NVIDIA's download server layout)."""
+    return f"XFree86/Linux-x86_64/{version}/NVIDIA-Linux-x86_64-{version}.run"
+
+
+def _runfile_payload(version: str) -> bytes:
+    """The files the stand-in installer copies: the driver's userland, OpenGL libraries apart (under glx/)."""
+    cuda = DRIVER_CUDA.get(version.split(".")[0], "12.0")
+    smi = (
+        f"#!/bin/sh\nIRONSERVE_STANDIN_DRIVER={version} IRONSERVE_STANDIN_CUDA={cuda} "
+        'exec python3 /usr/lib/ironserve-lab/nvidia_smi.py "$@"\n'
+    )
+    persistenced = (  # the real daemon forks; NVIDIA's sample unit is Type=forking with this pid file
+        "#!/bin/sh\nmkdir -p /run/nvidia-persistenced\nsetsid sleep infinity </dev/null >/dev/null 2>&1 &\n"
+        "echo $! > /run/nvidia-persistenced/nvidia-persistenced.pid\n"
+    )
+    members: dict[str, tuple[str, int]] = {
+        "usr/lib/ironserve-lab/nvidia_smi.py": (NVIDIA_SMI.read_text(), 0o644),
+        "usr/bin/nvidia-smi": (smi, 0o755),
+        "usr/bin/nvidia-persistenced": (persistenced, 0o755),
+        f"usr/src/nvidia-{version}/dkms.conf": (_dkms_conf("nvidia", version, RUNFILE_DKMS_BUILT), 0o644),
+    }
+    for lib in ("libcuda.so", "libnvidia-ml.so"):
+        members[f"{LIBDIR.lstrip('/')}/{lib}.{version}"] = (f"ironserve lab stand-in for {lib} {version}\n", 0o644)
+    members[f"glx/{LIBDIR.lstrip('/')}/libGLX_nvidia.so.{version}"] = ("ironserve lab stand-in (OpenGL)\n", 0o644)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, (text, mode) in sorted(members.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 1675209600
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+RUNFILE_DKMS_BUILT = ("nvidia", "nvidia-modeset", "nvidia-drm", "nvidia-uvm")
+
+
+def runfile(version: str) -> bytes:
+    """A stand-in of NVIDIA's self-extracting driver installer, run as `sh NVIDIA-Linux-x86_64-<v>.run OPTIONS`.
+
+    Like nvidia-installer it refuses unknown options and a running X server without --no-x-check, writes
+    /var/log/nvidia-installer.log with its command line, installs the OpenGL libraries unless --no-opengl-files,
+    and with --dkms registers the module with dkms and builds it for the running kernel (failing without its
+    headers); --no-kernel-module installs the userland only (what a container needs). It replaces a previous
+    runfile install and leaves nvidia-uninstall behind.
+    """
+    libs = " ".join(f"{LIBDIR}/{lib}" for lib in ("libcuda.so.1", "libnvidia-ml.so.1", "libGLX_nvidia.so.0"))
+    script = f"""#!/bin/sh
+# ironserve lab stand-in of NVIDIA-Linux-x86_64-{version}.run (the real one is a makeself archive)
+set -e
+VERSION={version}
+LOG=/var/log/nvidia-installer.log
+dkms=0; opengl=1; xcheck=1; module=1
+for option in "$@"; do
+    case "$option" in
+        --silent|-s) ;;
+        --dkms) dkms=1 ;;
+        --no-opengl-files) opengl=0 ;;
+        --no-x-check) xcheck=0 ;;
+        --no-kernel-module) module=0 ;;
+        *) echo "ERROR: Unrecognized option: '$option'" >&2; exit 1 ;;
+    esac
+done
+if [ $xcheck = 1 ] && pgrep -x Xorg >/dev/null 2>&1; then
+    echo "ERROR: You appear to be running an X server; please exit X before installing." >&2; exit 1
+fi
+{{ echo "nvidia-installer log file '$LOG'"; echo "creation time: $(date)"; echo "installer version: $VERSION"
+  echo; echo "nvidia-installer command line:"; echo "    ./nvidia-installer"
+  for option in "$@"; do echo "    $option"; done; echo; }} > $LOG
+[ -x /usr/bin/nvidia-uninstall ] && /usr/bin/nvidia-uninstall --silent >> $LOG 2>&1
+work=$(mktemp -d)
+sed -n '/^__PAYLOAD__$/,$p' "$0" | tail -n +2 | base64 -d | tar -xzf - -C "$work"
+if [ $opengl = 1 ]; then cp -a "$work/glx/." /; fi
+rm -rf "$work/glx"
+if [ $module = 0 ] || [ $dkms = 0 ]; then rm -rf "$work/usr/src"; fi
+( cd "$work" && find . -type f | sed 's|^\\.||' ) > /tmp/nvidia-installer-files.$$
+cp -a "$work/." /
+rm -rf "$work"
+ln -sf libcuda.so.$VERSION {LIBDIR}/libcuda.so.1
+ln -sf libnvidia-ml.so.$VERSION {LIBDIR}/libnvidia-ml.so.1
+if [ $opengl = 1 ]; then ln -sf libGLX_nvidia.so.$VERSION {LIBDIR}/libGLX_nvidia.so.0; fi
+mkdir -p /var/lib/nvidia
+mv /tmp/nvidia-installer-files.$$ /var/lib/nvidia/installed-files
+cat > /usr/bin/nvidia-uninstall <<'UNINSTALL'
+#!/bin/sh
+# ironserve lab stand-in of nvidia-uninstall
+version=$(cat /var/lib/nvidia/version 2>/dev/null)
+[ -n "$version" ] && command -v dkms >/dev/null && dkms remove -m nvidia -v "$version" --all >/dev/null 2>&1
+xargs rm -f < /var/lib/nvidia/installed-files
+rm -f {libs} /usr/bin/nvidia-installer /var/lib/nvidia/installed-files /var/lib/nvidia/version /usr/bin/nvidia-uninstall
+rm -rf /usr/src/nvidia-$version
+exit 0
+UNINSTALL
+chmod 755 /usr/bin/nvidia-uninstall
+printf '#!/bin/sh\necho "nvidia-installer:  version %s"\n' $VERSION > /usr/bin/nvidia-installer
+chmod 755 /usr/bin/nvidia-installer
+echo $VERSION > /var/lib/nvidia/version
+if [ $module = 1 ]; then
+    if [ $dkms = 1 ]; then
+        dkms add -m nvidia -v $VERSION >> $LOG
+        if ! dkms install -m nvidia -v $VERSION -k "$(uname -r)" >> $LOG 2>&1; then
+            echo "ERROR: Failed to install the kernel module through DKMS (see $LOG)." | tee -a $LOG >&2
+            /usr/bin/nvidia-uninstall --silent >> $LOG 2>&1  # backs out, as nvidia-installer does
+            exit 1
+        fi
+    else
+        echo "ERROR: ironserve lab stand-in: only --dkms or --no-kernel-module" | tee -a $LOG >&2
+        /usr/bin/nvidia-uninstall --silent >> $LOG 2>&1
+        exit 1
+    fi
+fi
+echo "Installation of the NVIDIA Accelerated Graphics Driver for Linux-x86_64 (version: $VERSION) is now complete." \
+    | tee -a $LOG
+exit 0
+__PAYLOAD__
+"""
+    return script.encode() + base64.encodebytes(_runfile_payload(version))
+
+
+def runfile_sha256(version: str) -> str:
+    return hashlib.sha256(runfile(version)).hexdigest()
+
+
+# nvidia-container-toolkit's default /etc/nvidia-container-runtime/config.toml as the 1.13 packages ship it
+# (`nvidia-ctk config default`): commented keys are the defaults, among them `#no-cgroups = false`.
+CONTAINER_TOOLKIT_CONFIG = """#accept-nvidia-visible-devices-as-volume-mounts = false
+#accept-nvidia-visible-devices-envvar-when-unprivileged = true
+disable-require = false
+#swarm-resource = "DOCKER_RESOURCE_GPU"
+
+[nvidia-container-cli]
+#debug = "/var/log/nvidia-container-toolkit.log"
+environment = []
+#ldcache = "/etc/ld.so.cache"
+ldconfig = "@/sbin/ldconfig"
+load-kmods = true
+#no-cgroups = false
+#path = "/usr/bin/nvidia-container-cli"
+#root = "/run/nvidia/driver"
+#user = "root:video"
+
+[nvidia-container-runtime]
+#debug = "/var/log/nvidia-container-runtime.log"
+log-level = "info"
+mode = "auto"
+runtimes = ["docker-runc", "runc"]
+
+[nvidia-container-runtime.modes]
+
+[nvidia-container-runtime.modes.cdi]
+annotation-prefixes = ["cdi.k8s.io/"]
+default-kind = "nvidia.com/gpu"
+spec-dirs = ["/etc/cdi", "/var/run/cdi"]
+
+[nvidia-container-runtime.modes.csv]
+mount-spec-path = "/etc/nvidia-container-runtime/host-files-for-container.d"
+
+[nvidia-container-runtime-hook]
+path = "nvidia-container-runtime-hook"
+skip-mode-detection = false
+
+[nvidia-ctk]
+path = "nvidia-ctk"
+"""
+
+
+def container_toolkit_packages(version: str) -> list[StandinPackage]:
+    """The NVIDIA container toolkit's four packages (libnvidia-container repository names), version <v>-1."""
+    pkg_version = f"{version}-1"
+    stub = "ironserve lab stand-in"
+    lib_files, lib_links = _library("libnvidia-container.so", version, "libnvidia-container.so.1")
+    cli = (
+        "#!/bin/sh\n"
+        f'if [ "$1" = "--version" ]; then printf "cli-version: {version}\\nlib-version: {version}\\n'
+        'build platform: x86_64\\n"; exit 0; fi\n'
+        f'echo "nvidia-container-cli ({stub}): no GPU driver to query" >&2; exit 1\n'
+    )
+    ctk = (
+        "#!/bin/sh\n"
+        f'if [ "$1" = "--version" ] || [ "$1" = "-v" ]; then echo "NVIDIA Container Toolkit CLI version {version}"; '
+        "exit 0; fi\n"
+        f'echo "nvidia-ctk ({stub}): only --version is implemented" >&2; exit 1\n'
+    )
+    # The real runtime is a runc shim that adds the NVIDIA hook to GPU containers; with no GPU it is runc.
+    runtime = (
+        "#!/bin/sh\n"
+        f'if [ "$1" = "--version" ]; then echo "NVIDIA Container Runtime version {version}"; exec runc --version; fi\n'
+        'exec runc "$@"\n'
+    )
+    hook = f'#!/bin/sh\necho "nvidia-container-runtime-hook ({stub}): no GPU to inject" >&2\nexit 0\n'
+    return [
+        StandinPackage("libnvidia-container1", pkg_version, "NVIDIA container runtime library", lib_files, lib_links),
+        StandinPackage(
+            "libnvidia-container-tools",
+            pkg_version,
+            "NVIDIA container runtime library (command-line tools)",
+            {"/usr/bin/nvidia-container-cli": (cli, 0o755)},
+            depends=f"libnvidia-container1 (>= {pkg_version})",
+        ),
+        StandinPackage(
+            "nvidia-container-toolkit-base",
+            pkg_version,
+            "NVIDIA Container Toolkit Base",
+            {
+                "/etc/nvidia-container-runtime/config.toml": (CONTAINER_TOOLKIT_CONFIG, 0o644),
+                "/usr/bin/nvidia-ctk": (ctk, 0o755),
+                "/usr/bin/nvidia-container-runtime": (runtime, 0o755),
+            },
+        ),
+        StandinPackage(
+            "nvidia-container-toolkit",
+            pkg_version,
+            "NVIDIA Container toolkit",
+            {"/usr/bin/nvidia-container-runtime-hook": (hook, 0o755)},
+            depends=f"nvidia-container-toolkit-base (= {pkg_version}), libnvidia-container-tools (>= {pkg_version})",
         ),
     ]
 
@@ -197,6 +488,8 @@ def catalog() -> list[StandinPackage]:
         cuda_toolkit_package("11.8.0"),
         *cudnn_packages("8.6.0", "11.8"),
         *tensorrt_packages("8.6.1.6", "11.8"),
+        *container_toolkit_packages("1.13.5"),  # both profiles
+        dkms_standin_package(),
         # a100-cuda117 pinned set
         *driver_packages("515.86.01"),
         cuda_toolkit_package("11.7.1"),
@@ -206,7 +499,53 @@ def catalog() -> list[StandinPackage]:
         cuda_toolkit_package("12.2.2"),
         *cudnn_packages("8.9.7", "12.2"),
         *tensorrt_packages("8.6.1.6", "12.0"),
+        *container_toolkit_packages("1.17.8"),
     ]
+
+
+# NVIDIA/cuda-samples release tags the mirror serves as stand-in source tarballs, at GitHub's archive path.
+CUDA_SAMPLES_TAGS = ("v11.8", "v11.7")
+RUNFILE_DRIVERS = ("525.85.02", "515.86.01")  # the profiles' drivers, as NVIDIA's download server offers them
+
+
+def cuda_samples_path(tag: str) -> str:
+    """Where the mirror serves a cuda-samples tag, relative to its base URL (GitHub: archive/refs/tags/<tag>)."""
+    return f"cuda-samples/archive/refs/tags/{tag}.tar.gz"
+
+
+def cuda_samples_tarball(tag: str) -> bytes:
+    """A stand-in of GitHub's archive of NVIDIA/cuda-samples at `tag`: the real top directory and sample paths,
+    stand-in contents (a lab host has no GPU and no real nvcc to build them with). Byte-for-byte reproducible."""
+    top = f"cuda-samples-{tag.removeprefix('v')}"
+    note = f"ironserve lab stand-in of NVIDIA/cuda-samples {tag}: the layout is real, the contents are not.\n"
+    refuse = "all:\n\t@echo 'ironserve lab stand-in: nothing to build (no GPU, no real nvcc)'; exit 1\n"
+    members = {
+        "README.md": "# CUDA Samples\n\n" + note,
+        "LICENSE": note,
+        "Makefile": refuse,
+        "Common/helper_cuda.h": "/* " + note + " */\n",
+        "Common/helper_string.h": "/* " + note + " */\n",
+        "Samples/1_Utilities/deviceQuery/README.md": "# deviceQuery - Device Query\n\n" + note,
+        "Samples/1_Utilities/deviceQuery/deviceQuery.cpp": "/* " + note + " */\n",
+        "Samples/1_Utilities/deviceQuery/Makefile": refuse,
+    }
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        directories = sorted({str(parent) for name in members for parent in Path(name).parents} - {"."})
+        for entry in ["", *directories]:
+            info = tarfile.TarInfo(f"{top}/{entry}".rstrip("/"))
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 1664409600  # the v11.8 tag's day
+            tar.addfile(info)
+        for name, text in sorted(members.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 1664409600
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def cuda_samples_sha256(tag: str) -> str:
+    return hashlib.sha256(cuda_samples_tarball(tag)).hexdigest()
 
 
 # --- building ------------------------------------------------------------------------------------------------
@@ -278,6 +617,9 @@ def build_deb(package: StandinPackage, out_dir: Path) -> Path:
         debian = root / "DEBIAN"
         debian.mkdir()
         (debian / "control").write_text(_control(package, size // 1024))
+        conffiles = sorted(path for path in package.files if path.startswith("/etc/"))  # as debhelper marks them
+        if conffiles:
+            (debian / "conffiles").write_text("".join(f"{path}\n" for path in conffiles))
         for script, body in (("postinst", package.postinst), ("prerm", package.prerm)):
             if body:
                 (debian / script).write_text(body)
@@ -325,8 +667,8 @@ def _index_and_sign(index_dir: Path) -> None:
 
 
 def _fingerprint() -> str:
-    """What the built repository depends on: this builder, the nvidia-smi stand-in, the key."""
-    digest = hashlib.sha256(Path(__file__).read_bytes() + NVIDIA_SMI.read_bytes())
+    """What the built repository depends on: this builder, the nvidia-smi and dkms stand-ins, the key."""
+    digest = hashlib.sha256(Path(__file__).read_bytes() + NVIDIA_SMI.read_bytes() + DKMS.read_bytes())
     if key_path().exists():
         digest.update(key_path().read_bytes())
     return digest.hexdigest()
@@ -354,6 +696,14 @@ def ensure_built() -> Path:
                     os.link(deb, index_dir / deb.name)
                 _index_and_sign(index_dir)
             shutil.rmtree(debs)
+            for tag in CUDA_SAMPLES_TAGS:
+                tarball = staging / cuda_samples_path(tag)
+                tarball.parent.mkdir(parents=True, exist_ok=True)
+                tarball.write_bytes(cuda_samples_tarball(tag))
+            for driver in RUNFILE_DRIVERS:
+                installer = staging / runfile_path(driver)
+                installer.parent.mkdir(parents=True, exist_ok=True)
+                installer.write_bytes(runfile(driver))
             old = root / "www"
             if old.exists():
                 shutil.rmtree(old)
@@ -367,27 +717,9 @@ def ensure_built() -> Path:
 # --- serving ---------------------------------------------------------------------------------------------------
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-def serve(root: Path, bind: str, port: int, watch_pid: int | None) -> None:
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer((bind, port), handler)
-    servers.exit_with(watch_pid, lambda: os._exit(0))
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    server.serve_forever()
-
-
 def start(bind: str, watch_pid: int | None, log: Path) -> tuple[int, str]:
     """Serve the repository on `bind` (the lab bridge address); return (pid, base URL)."""
-    root = ensure_built()
-    port = servers.free_port(bind)
-    argv = [sys.executable, "-m", MODULE, "serve", "--root", str(root), "--bind", bind, "--port", str(port)]
-    if watch_pid:
-        argv += ["--watch-pid", str(watch_pid)]
-    return servers.start(argv, bind, port, log, "lab apt mirror"), f"http://{bind}:{port}"
+    return servers.start_directory(MODULE, ensure_built(), bind, watch_pid, log, "lab apt mirror")
 
 
 def running(pid: int) -> bool:
@@ -403,16 +735,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="aptrepo")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build the repository into the cache and print its root")
-    serve_parser = sub.add_parser("serve")
-    serve_parser.add_argument("--root", type=Path, required=True)
-    serve_parser.add_argument("--bind", required=True)
-    serve_parser.add_argument("--port", type=int, required=True)
-    serve_parser.add_argument("--watch-pid", type=int, help="exit when this process (the lab host) is gone")
+    servers.add_serve_command(sub)
     args = parser.parse_args()
     if args.command == "build":
         print(ensure_built())
         return 0
-    serve(args.root, args.bind, args.port, args.watch_pid)
+    servers.serve_directory(args.root, args.bind, args.port, args.watch_pid)
     return 0
 
 

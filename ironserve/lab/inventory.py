@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ironserve.lab import aptrepo, state
 from ironserve.lab import inference as lab_inference
-from ironserve.lab import state
 from ironserve.paths import lab_dir
 
 HostEntry = tuple[str, dict[str, Any]]
+SAMPLES_TAG = "v11.8"  # the lab hosts' profile (r740-a10) locks CUDA 11.8
 
 
 def _entry(host: state.LabHost) -> HostEntry:
@@ -31,6 +32,10 @@ def _entry(host: state.LabHost) -> HostEntry:
     if host.extra.get("aptrepo_url"):  # the lab NVIDIA mirror (ironserve/lab/aptrepo.py), as an air-gapped site's
         data["nvidia_repo_url"] = host.extra["aptrepo_url"]
         data["nvidia_repo_key"] = host.extra["aptrepo_key"]
+        # The mirror also stands in for GitHub's cuda-samples archive and NVIDIA's runfile download server.
+        data["nvidia_cuda_samples_url"] = f"{host.extra['aptrepo_url']}/{aptrepo.cuda_samples_path(SAMPLES_TAG)}"
+        data["nvidia_cuda_samples_sha256"] = aptrepo.cuda_samples_sha256(SAMPLES_TAG)
+        data["nvidia_runfile_base_url"] = host.extra["aptrepo_url"]
     if host.extra.get("pip_index_url"):  # the lab pip index of the engine lock (ironserve/lab/wheelhouse.py)
         data["inference_pip_index_url"] = host.extra["pip_index_url"] + "/simple/"
     data.update(lab_inference.inventory_data())  # the CPU engine and the tiny model's sealed versions
@@ -39,6 +44,7 @@ def _entry(host: state.LabHost) -> HostEntry:
         # (measured); the VM hosts are for GRUB and reboots, so the NVIDIA role skips both there.
         data["nvidia_kernel_headers"] = False
         data["nvidia_rebuild_initramfs"] = False
+        data["nvidia_dkms"] = False  # without headers DKMS cannot build; the stand-in driver has no module
     return host.name, data
 
 

@@ -7,6 +7,7 @@ still the process the lab started (a recycled pid is left alone).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import http.server
@@ -14,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -101,3 +103,21 @@ def serve_directory(root: Path, bind: str, port: int, watch_pid: int | None) -> 
     exit_with(watch_pid, lambda: os._exit(0))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     server.serve_forever()
+
+
+def start_directory(module: str, root: Path, bind: str, watch_pid: int | None, log: Path, what: str) -> tuple[int, str]:
+    """Start `python -m <module> serve` for `root` on `bind` (see add_serve_command); return (pid, base URL)."""
+    port = free_port(bind)
+    argv = [sys.executable, "-m", module, "serve", "--root", str(root), "--bind", bind, "--port", str(port)]
+    if watch_pid:
+        argv += ["--watch-pid", str(watch_pid)]
+    return start(argv, bind, port, log, what), f"http://{bind}:{port}"
+
+
+def add_serve_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The `serve` command a module started by start_directory offers (run it with serve_directory)."""
+    serve = commands.add_parser("serve")
+    serve.add_argument("--root", type=Path, required=True)
+    serve.add_argument("--bind", required=True)
+    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--watch-pid", type=int, help="exit when this process (the lab host) is gone")

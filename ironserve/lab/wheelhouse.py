@@ -177,12 +177,7 @@ def ensure_built(lock: Path = LOCK) -> Path:
 
 def start(bind: str, watch_pid: int | None, log: Path) -> tuple[int, str]:
     """Serve the index on `bind` (the lab bridge address); return (pid, base URL). `<URL>/simple/` is the index."""
-    root = ensure_built()
-    port = servers.free_port(bind)
-    argv = [sys.executable, "-m", MODULE, "serve", "--root", str(root), "--bind", bind, "--port", str(port)]
-    if watch_pid:
-        argv += ["--watch-pid", str(watch_pid)]
-    return servers.start(argv, bind, port, log, "lab pip index"), f"http://{bind}:{port}"
+    return servers.start_directory(MODULE, ensure_built(), bind, watch_pid, log, "lab pip index")
 
 
 def running(pid: int) -> bool:
@@ -199,11 +194,7 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     build_parser = sub.add_parser("build", help="download the lock's wheels, index them, print what is served")
     build_parser.add_argument("--lock", type=Path, default=LOCK)
-    serve_parser = sub.add_parser("serve")
-    serve_parser.add_argument("--root", type=Path, required=True)
-    serve_parser.add_argument("--bind", required=True)
-    serve_parser.add_argument("--port", type=int, required=True)
-    serve_parser.add_argument("--watch-pid", type=int, help="exit when this process (the lab host) is gone")
+    servers.add_serve_command(sub)
     args = parser.parse_args()
     if args.command == "build":
         print(ensure_built(args.lock))

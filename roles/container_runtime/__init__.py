@@ -16,10 +16,10 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import File
+from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, files, systemd
 
-from ironserve.containerd import render_config
+from ironserve.containerd import ContainerdConfigError, nvidia_cli_keeps_cgroups, render_config
 from ironserve.facts import ContainerKind, SysctlState
 from ironserve.runtime_facts import HeldPackages, KernelModules, SwapState
 from roles.container_runtime.defaults import DEFAULTS
@@ -99,11 +99,21 @@ def packages_held(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
 
 @operation()
 def nvidia_cli_cgroups(path: str):  # type: ignore[no-untyped-def]
-    """cri-nvidia-container-cli-cgroups: `no-cgroups = false`, so the NVIDIA hook puts devices in the cgroup."""
-    if not host.get_fact(File, path=path):
+    """cri-nvidia-container-cli-cgroups: `no-cgroups = false` under [nvidia-container-cli], so the NVIDIA hook
+    puts the GPU devices in the container's cgroup; the edit is checked as TOML before it is written."""
+    lines = host.get_fact(FileContents, path=path)
+    if lines is None:
         host.noop(f"{path} absent: nvidia-container-toolkit is not installed (the NVIDIA role installs it)")
         return
-    yield from files.line._inner(path=path, line=r"^#?\s*no-cgroups\s*=.*", replace="no-cgroups = false")
+    current = "\n".join(lines) + "\n"
+    try:
+        wanted = nvidia_cli_keeps_cgroups(current)
+    except ContainerdConfigError as exc:
+        raise OperationError(f"{path}: {exc}") from exc
+    if wanted == current:
+        host.noop(f"{path}: no-cgroups = false under [nvidia-container-cli]")
+        return
+    yield from files.put._inner(src=StringIO(wanted), dest=path, mode="644")
 
 
 def _pin_file(settings: ContainerRuntimeSettings) -> str:

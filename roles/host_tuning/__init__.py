@@ -7,9 +7,11 @@ and reports it as applied at boot instead of failing.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
@@ -87,13 +89,22 @@ def reboot_for_kernel_args(args: tuple[str, ...], policy: str, timeout_s: int): 
             src=StringIO("kernel arguments not yet active: " + " ".join(missing) + "\n"), dest=REBOOT_REASON
         )
     else:
-        boot_ids: list[str] = []
-        yield FunctionCommand(_record_boot_id, (boot_ids,), {})
-        yield from server.reboot._inner(delay=5, interval=2, reboot_timeout=timeout_s)
-        yield FunctionCommand(_prove_reboot, (boot_ids, args), {})
+        yield from reboot_proven(timeout_s, functools.partial(_kernel_args_effective, args=args))
 
 
-def _read(host, command: str) -> str:  # type: ignore[no-untyped-def]
+def reboot_proven(timeout_s: int, took_effect: Callable[[Any], None]):  # type: ignore[no-untyped-def]
+    """Commands that reboot the host and prove it: a new boot id, then `took_effect(host)` (raises when not).
+
+    The one reboot path of ironserve (host_tuning_reboot_policy: auto); other roles yield from it.
+    """
+    boot_ids: list[str] = []
+    yield FunctionCommand(_record_boot_id, (boot_ids,), {})
+    yield from server.reboot._inner(delay=5, interval=2, reboot_timeout=timeout_s)
+    yield FunctionCommand(_prove_reboot, (boot_ids, took_effect), {})
+
+
+def read_on(host, command: str) -> str:  # type: ignore[no-untyped-def]
+    """stdout of `command` on `host`, from inside a FunctionCommand; raises when it fails."""
     status, output = host.run_shell_command(command)
     if not status:
         raise OperationError(f"{command!r} failed on {host.name}")
@@ -102,23 +113,28 @@ def _read(host, command: str) -> str:  # type: ignore[no-untyped-def]
 
 # pyinfra passes (state, host) to a FunctionCommand only when its parameters carry exactly those names.
 def _record_boot_id(state, host, boot_ids: list[str]) -> bool:  # type: ignore[no-untyped-def]
-    boot_ids.append(_read(host, "cat /proc/sys/kernel/random/boot_id"))
+    boot_ids.append(read_on(host, "cat /proc/sys/kernel/random/boot_id"))
     return True
 
 
-def _prove_reboot(state, host, boot_ids: list[str], args: tuple[str, ...]) -> bool:  # type: ignore[no-untyped-def]
-    """The reboot happened (new boot id) and took effect (arguments live, cgroup2 mounted)."""
-    boot_id = _read(host, "cat /proc/sys/kernel/random/boot_id")
+def _prove_reboot(state, host, boot_ids: list[str], took_effect: Callable[[Any], None]) -> bool:  # type: ignore[no-untyped-def]
+    """The reboot happened (new boot id) and took effect (`took_effect` raises when not)."""
+    boot_id = read_on(host, "cat /proc/sys/kernel/random/boot_id")
     if boot_id == boot_ids[0]:
         raise OperationError("reboot not proven: the boot id did not change")
-    missing = missing_kernel_args(_read(host, "cat /proc/cmdline").split(), args)
+    took_effect(host)
+    return True
+
+
+def _kernel_args_effective(host, args: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    """The arguments are live and, for the cgroup v2 one, cgroup2 is mounted."""
+    missing = missing_kernel_args(read_on(host, "cat /proc/cmdline").split(), args)
     if missing:
         raise OperationError(f"rebooted, but the kernel still lacks {' '.join(missing)}")
     if "systemd.unified_cgroup_hierarchy=1" in args:
-        fs_type = _read(host, "stat -fc %T /sys/fs/cgroup")
+        fs_type = read_on(host, "stat -fc %T /sys/fs/cgroup")
         if fs_type != "cgroup2fs":
             raise OperationError(f"rebooted, but /sys/fs/cgroup is {fs_type}, not cgroup2fs")
-    return True
 
 
 def _time_sync(settings: HostTuning) -> None:

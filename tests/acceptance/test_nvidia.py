@@ -20,8 +20,10 @@ from ironserve.lock import FORBIDDEN_DRIVERS
 PREFERENCES = "/etc/apt/preferences.d/ironserve-nvidia.pref"
 UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51ironserve-nvidia-blacklist"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
-# deviceQuery built from NVIDIA/cuda-samples tag v11.8 (the toolkit ships no samples since CUDA 11.6).
-DEVICE_QUERY = "/opt/cuda-samples-11.8/bin/x86_64/linux/release/deviceQuery"
+# deviceQuery is built from NVIDIA/cuda-samples tag v<X.Y> (the toolkit ships no samples since CUDA 11.6), which
+# the role unpacks into /opt/cuda-samples-<X.Y>; the sample's Makefile copies the binary to bin/<arch>/<os>/release.
+DEVICE_QUERY = "bin/x86_64/linux/release/deviceQuery"
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 DPKG = "dpkg-query -W -f='${Package}\\t${Version}\\t${db:Status-Abbrev}\\n' "
 
 
@@ -35,7 +37,13 @@ def _cuda_home(config: StackConfig) -> str:
 
 def _pins(host: Any, config: StackConfig) -> dict[str, str]:
     os_id, _, version = host.run(". /etc/os-release && echo $ID $VERSION_ID").stdout.strip().partition(" ")
-    return pinned_packages(config.profile.packages, distro_key(os_id, version))
+    return pinned_packages(
+        config.profile.packages, distro_key(os_id, version), without=config.nvidia.skipped_components()
+    )
+
+
+def _samples_dir(config: StackConfig) -> str:
+    return f"/opt/cuda-samples-{_cuda_line(config)}"
 
 
 def _installed(host: Any, patterns: list[str]) -> dict[str, tuple[str, str]]:
@@ -159,8 +167,33 @@ def test_only_the_pinned_driver_packages_are_installed(host: Any, config: StackC
     pins = _pins(host, config)
     drivers = {n: v for n, (v, _) in _installed(host, ["nvidia-driver*"]).items()}
     observe(drivers)
+    if config.nvidia.driver_method == "runfile":
+        assert drivers == {}  # NVIDIA's runfile is the driver: no distribution driver package beside it
+        return
     assert drivers
     assert all(pins.get(name) == version for name, version in drivers.items())
+
+
+@pytest.mark.invariant("drv-install-runfile-flags")
+def test_runfile_installed_without_opengl_files_and_x_check(
+    host: Any, config: StackConfig, container_kind: str | None, observe: Any
+) -> None:
+    if config.nvidia.driver_method != "runfile":
+        pytest.skip("nvidia_driver_method is apt: the driver comes from the pinned packages, not the runfile")
+    log = host.file("/var/log/nvidia-installer.log").content_string.splitlines()
+    start = log.index("nvidia-installer command line:") + 2 if "nvidia-installer command line:" in log else len(log)
+    options = []
+    for line in log[start:]:  # the block of indented arguments after ./nvidia-installer
+        if not line.startswith("    "):
+            break
+        options.append(line.strip())
+    version = host.run("nvidia-installer --version").stdout
+    observe(options)
+    assert {"--silent", "--no-opengl-files", "--no-x-check"} <= set(options)
+    # --dkms rebuilds the module for new kernels; a container's kernel is the machine's (userland only).
+    assert ("--no-kernel-module" if container_kind else "--dkms") in options
+    assert f"version {config.lock.driver}" in version
+    assert not host.file("/usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0").exists
 
 
 @pytest.mark.invariant("drv-update-initramfs")
@@ -243,6 +276,58 @@ def test_no_mandatory_access_control_denial_on_nvidia_devices(
     assert denials == "0"
 
 
+@pytest.mark.invariant("cri-nvidia-runtime")
+def test_container_toolkit_is_the_locked_release(host: Any, config: StackConfig, observe: Any) -> None:
+    if not config.nvidia.container_toolkit or config.lock.container_toolkit is None:
+        pytest.skip("the NVIDIA container toolkit is not part of this host's lock (nvidia_container_toolkit)")
+    ctk = host.run("nvidia-ctk --version").stdout
+    runtime = host.file(config.container_runtime.nvidia_binary)
+    observe(ctk.splitlines()[0] if ctk else None)
+    assert f"version {config.lock.container_toolkit}" in ctk
+    assert runtime.exists and runtime.mode & 0o111
+    assert host.file(TOOLKIT_CONFIG).exists
+
+
+@pytest.mark.invariant("drv-version")
+def test_module_is_dkms_built_for_every_installed_kernel(host: Any, config: StackConfig, observe: Any) -> None:
+    if not config.nvidia.dkms:
+        pytest.skip("nvidia_dkms is off for this host (the module comes prebuilt)")
+    kernels = host.run(
+        'for d in /lib/modules/*; do k="${d##*/}"; [ -e "/boot/vmlinuz-$k" ] && echo "$k"; done; true'
+    ).stdout.split()
+    if not kernels:
+        pytest.skip("no kernel image in /boot: a container runs the machine's kernel")
+    status = host.run("dkms status").stdout
+    driver = re.escape(config.lock.driver)
+    built = {}
+    for k in kernels:  # dkms 3: `nvidia-current/525.85.02, <k>, x86_64: installed`; dkms 2: `nvidia, 525.85.02, ...`
+        listed = re.search(rf"^nvidia[\w-]*(/|, ){driver}, {re.escape(k)}, [^:]+: installed", status, re.M)
+        main = host.run(f"ls /lib/modules/{k}/updates/dkms/ | grep -Eqx 'nvidia(-current)?\\.ko(\\.(xz|zst|gz))?'")
+        built[k] = bool(listed) and main.succeeded
+    observe(built)
+    assert all(built.values()), status
+
+
+@pytest.mark.invariant("drv-version")
+def test_loaded_module_is_the_installed_driver(host: Any, config: StackConfig, observe: Any) -> None:
+    module = host.run("cat /sys/module/nvidia/version 2>/dev/null || head -n 1 /proc/driver/nvidia/version").stdout
+    if not module.strip():
+        pytest.skip("no nvidia kernel module loaded on this host (no GPU, or a container without one)")
+    pending = host.file("/run/ironserve/reboot-required-nvidia")
+    observe({"module": module.strip(), "reboot pending": pending.content_string.strip() if pending.exists else None})
+    assert config.lock.driver in module.split(), "reboot into the installed driver (host_tuning_reboot_policy)"
+
+
+def test_cuda_samples_source_is_staged(host: Any, config: StackConfig, observe: Any) -> None:
+    if config.nvidia.cuda_samples_url is None:
+        pytest.skip("nvidia_cuda_samples_url is not set: the cuda-samples source is not staged")
+    source = _samples_dir(config)
+    stamp = host.file(f"{source}/.ironserve-source-sha256")
+    observe(stamp.content_string.strip() if stamp.exists else None)
+    assert stamp.exists and stamp.content_string.strip() == config.nvidia.cuda_samples_sha256
+    assert host.file(f"{source}/Samples/1_Utilities/deviceQuery/Makefile").exists
+
+
 # --- on a real GPU only -------------------------------------------------------------------------------------
 
 
@@ -271,12 +356,32 @@ def test_loaded_module_is_the_locked_driver(host: Any, gpu: None, config: StackC
 
 
 @pytest.mark.gpu
+@pytest.mark.invariant("drv-version")
+def test_real_nvidia_smi_reports_the_locked_driver_of_the_loaded_module(
+    host: Any, gpu: None, config: StackConfig, observe: Any
+) -> None:
+    # On real hardware nvidia-smi answers through the loaded module (a stale one: "Driver/library version mismatch").
+    smi = host.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    module = host.file("/proc/driver/nvidia/version").content_string
+    observe(smi.stdout.split() or smi.stdout + smi.stderr)
+    assert smi.rc == 0, smi.stdout + smi.stderr
+    assert set(smi.stdout.split()) == {config.lock.driver}
+    assert f"  {config.lock.driver}  " in module
+
+
+@pytest.mark.gpu
 @pytest.mark.invariant("cuda-devicequery-pass")
-def test_device_query_passes(host: Any, gpu: None, observe: Any) -> None:
-    assert host.file(DEVICE_QUERY).exists, f"build deviceQuery from NVIDIA/cuda-samples v11.8 into {DEVICE_QUERY}"
-    last = host.run(DEVICE_QUERY).stdout.strip().splitlines()[-1]
-    observe(last)
-    assert last == "Result = PASS"
+def test_device_query_passes(host: Any, gpu: None, config: StackConfig, observe: Any) -> None:
+    """Build Samples/1_Utilities/deviceQuery from the staged cuda-samples source with the locked nvcc, run it."""
+    source = _samples_dir(config)
+    if not host.file(f"{source}/Samples/1_Utilities/deviceQuery/Makefile").exists:
+        pytest.fail(f"{source} holds no cuda-samples source: set nvidia_cuda_samples_url and _sha256, then deploy")
+    arch = config.profile.gpu.compute_capability.replace(".", "")
+    build = host.run(f"make -C {source}/Samples/1_Utilities/deviceQuery CUDA_PATH={_cuda_home(config)} SMS={arch} 2>&1")
+    assert build.rc == 0, build.stdout[-2000:]
+    out = host.run(f"{source}/{DEVICE_QUERY}").stdout.strip().splitlines()
+    observe(out[-1] if out else None)
+    assert out and out[-1] == "Result = PASS"
 
 
 @pytest.mark.gpu

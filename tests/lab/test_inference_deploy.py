@@ -110,6 +110,27 @@ def test_drift_is_put_back_then_zero_changes(served: LabHost) -> None:
     assert complete(served)[0] == 200
 
 
+def test_a_sigkilled_engine_is_restarted_by_its_unit(served: LabHost) -> None:
+    """The active colour's launcher killed with SIGKILL: Envoy answers 503 at once (no hang) until systemd's
+    Restart=on-failure has the same colour ready again; no deploy and no swap needed. Prints the outage."""
+    status = json.loads(remote.run(served, f"{SETTINGS.venv}/bin/ironserve-service status; true").splitlines()[-1])
+    unit = f"ai-service@{status['colour']}.service"
+    remote.run(served, f"kill -KILL $(systemctl show --property=MainPID --value {unit})")
+    killed = time.monotonic()
+    answers: list[int] = []
+    while time.monotonic() - killed < 400:
+        code, colour, _ = complete(served, timeout_s=30)
+        answers.append(code)
+        if code == 200:
+            break
+        time.sleep(0.5)
+    outage, refused = time.monotonic() - killed, answers[:-1]
+    print(f"SIGKILL of {unit}: {len(refused)} requests refused {sorted(set(refused))}, back in {outage:.1f} s")
+    assert answers[-1] == 200 and colour == status["colour"]
+    assert set(refused) <= {503}
+    assert int(remote.run(served, f"systemctl show --property=NRestarts --value {unit}")) >= 1
+
+
 @pytest.mark.invariant("hot-swap-load-atomicity", "hot-swap-route-atomicity", "hot-swap-protocol-steps")
 def test_a_version_change_in_the_inventory_is_a_hot_swap_without_failed_requests(
     served: LabHost, tmp_path: Path

@@ -4,11 +4,20 @@ The mirror offers the pinned set AND newer decoys (driver 535, cuda-toolkit-12-2
 CUDA 12.2, TensorRT for CUDA 12.0): the host must converge to exactly the lock, come back to it after
 drift, and report zero changes on the next run. The packages are stand-ins; apt, dpkg, the signature
 check, the pins, the holds and systemd are real.
+
+Two things a container host lacks are stood in for by the tests that need them, and named so: a kernel of
+its own (`stand-in kernel tree`: /boot/vmlinuz-<k> and /lib/modules/<k>[/build] made by the test, built for by
+the lab's stand-in dkms) and a loaded nvidia module (`simulated loaded module`: a tmpfs over /sys/module in the
+host's own mount namespace holding nvidia/version, because the real module does not load without a GPU).
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import textwrap
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,14 +25,48 @@ import pytest
 
 from ironserve.config import build_config
 from ironserve.config_nvidia import pinned_packages
-from ironserve.lab import remote
+from ironserve.lab import aptrepo, remote
 from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
+from ironserve.paths import REPO_ROOT
 from tests.lab.conftest import lab_containers
 
 pytestmark = pytest.mark.lab
 PINS = pinned_packages(build_config("lab", {}).profile.packages, "debian12")
 DPKG = "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' "
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+DRIVER = "525.85.02"
+STANDIN_KERNELS = ("6.1.0-901-standin", "6.1.0-902-standin")
+REBOOT_FILES = "/run/reboot-required /run/ironserve/reboot-required-nvidia"
+# The NVIDIA role and the one that edits its container toolkit's config; other roles have their own lab tests.
+STACK = ("nvidia", "container_runtime")
+NVIDIA = ("nvidia",)  # the tests that change only what the NVIDIA role reads deploy it alone
+
+
+def _inventory(tmp_path: Path, host: LabHost, **extra: object) -> str:
+    """The lab inventory for `host` alone, with `extra` inventory keys (as a site would set them)."""
+    inventory = tmp_path / f"{host.name}-{len(list(tmp_path.iterdir()))}.py"
+    inventory.write_text(
+        textwrap.dedent(f"""
+        from ironserve.lab.inventory import lab_groups
+
+        lab_containers, _ = lab_groups()
+        lab_containers = [(name, {{**data, **{extra!r}}}) for name, data in lab_containers if name == {host.name!r}]
+        """)
+    )
+    return str(inventory)
+
+
+def _gate(host: LabHost, inventory: str, roles: str) -> subprocess.CompletedProcess[str]:
+    """`ironserve verify -v` (each test's outcome printed) of `host` with `inventory`."""
+    argv = [sys.executable, "-m", "ironserve", "verify", "--limit", host.name, "--roles", roles, inventory, "-vv"]
+    return subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+
+
+def _outcome(gate: subprocess.CompletedProcess[str], test: str) -> str:
+    """PASSED / FAILED / SKIPPED of one acceptance test in a verbose gate run."""
+    found = re.search(rf"::{test}\[[^\]]*\] (PASSED|FAILED|SKIPPED|ERROR)", gate.stdout)
+    return found.group(1) if found else f"not run: {gate.stdout[-3000:]}"
 
 
 def _installed(host: LabHost) -> dict[str, tuple[str, str]]:
@@ -34,7 +77,7 @@ def _installed(host: LabHost) -> dict[str, tuple[str, str]]:
 @pytest.fixture(scope="module")
 def converged() -> Iterator[LabHost]:
     with lab_containers(1) as hosts:
-        first = deploy(hosts)
+        first = deploy(hosts, roles=STACK)
         assert first.returncode == 0, first.output
         yield hosts[0]
 
@@ -66,7 +109,7 @@ def test_stand_in_nvidia_smi_reports_the_hardware_profile(converged: LabHost) ->
 
 
 def test_second_deploy_reports_zero_changes(converged: LabHost) -> None:
-    again = deploy([converged])
+    again = deploy([converged], roles=STACK)
     assert again.returncode == 0, again.output
     assert (again.changed, again.errors) == (0, 0), again.output
 
@@ -77,12 +120,15 @@ def test_drift_is_restored_then_zero_changes_and_gate_passes(converged: LabHost)
     # By hand: a decoy cuDNN for CUDA 12, a CUDA 12 toolkit beside 11.8, one hold dropped, the pin
     # file deleted, the persistence daemon disabled and stopped.
     remote.run(host, f"{apt} libcudnn8=8.9.7.29-1+cuda12.2 libcudnn8-dev=8.9.7.29-1+cuda12.2 cuda-toolkit-12-2")
+    toolkit = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools")
+    remote.run(host, f"{apt} " + " ".join(f"{name}=1.17.8-1" for name in (*toolkit, "libnvidia-container1")))
+    remote.run(host, f"sed -i 's/^no-cgroups = false/no-cgroups = true/' {TOOLKIT_CONFIG}")
     remote.run(host, "apt-mark unhold tensorrt")
     remote.run(host, "rm /etc/apt/preferences.d/ironserve-nvidia.pref")
     remote.run(host, "systemctl disable --now nvidia-persistenced")
     assert _installed(host)["libcudnn8"][0] == "8.9.7.29-1+cuda12.2"
 
-    restored = deploy([host])
+    restored = deploy([host], roles=STACK)
     assert restored.returncode == 0, restored.output
     installed = _installed(host)
     assert {name: version for name, (version, _) in installed.items()} == PINS
@@ -92,11 +138,13 @@ def test_drift_is_restored_then_zero_changes_and_gate_passes(converged: LabHost)
     assert remote.run(host, "systemctl is-active nvidia-persistenced").strip() == "active"
     assert remote.run(host, "ls -d /usr/local/cuda-12* 2>/dev/null || true").strip() == ""
     assert "#define CUDNN_MINOR 6" in remote.run(host, "cat /usr/include/cudnn_version.h")
+    assert "version 1.13.5" in remote.run(host, "nvidia-ctk --version")
+    assert tomllib.loads(remote.run(host, f"cat {TOOLKIT_CONFIG}"))["nvidia-container-cli"]["no-cgroups"] is False
 
-    again = deploy([host])
+    again = deploy([host], roles=STACK)
     assert (again.returncode, again.changed, again.errors) == (0, 0, 0), again.output
 
-    gate = verify([host], roles=("nvidia",))
+    gate = verify([host], roles=STACK)
     assert gate.returncode == 0, gate.stdout + gate.stderr
 
 
@@ -117,11 +165,178 @@ def test_mismatched_lock_is_refused_before_the_host_is_touched(converged: LabHos
             ]
             """)
         )
-        refused = deploy([host], str(inventory))
+        refused = deploy([host], str(inventory), roles=STACK)
         assert refused.returncode == 2, refused.output
         assert "rule cudnn-matches-cuda failed: cudnn 8.9.7 is built for CUDA 12.2" in refused.output
         assert "rule packages-match-lock failed" in refused.output
         assert "no host was contacted" in refused.output
         assert _installed(host)["libcudnn8"][1].startswith("ii")  # still unheld: nothing ran
     finally:
-        assert deploy([host]).returncode == 0
+        assert deploy([host], roles=STACK).returncode == 0
+
+
+@pytest.mark.invariant("cri-nvidia-container-cli-cgroups", "cri-nvidia-runtime")
+def test_container_toolkit_pinned_and_no_cgroups_false_under_its_table(converged: LabHost, tmp_path: Path) -> None:
+    """The full deploy (nvidia, then container_runtime) leaves the toolkit's own config.toml with one edit."""
+    host = converged
+    assert "1.17.8-1" in remote.run(host, "apt-cache policy nvidia-container-toolkit")  # the decoy is offered
+    assert remote.run(host, "nvidia-ctk --version").splitlines()[0] == "NVIDIA Container Toolkit CLI version 1.13.5"
+    text = remote.run(host, f"cat {TOOLKIT_CONFIG}")
+    parsed = tomllib.loads(text)
+    assert parsed["nvidia-container-cli"]["no-cgroups"] is False
+    assert parsed["nvidia-container-runtime"]["runtimes"] == ["docker-runc", "runc"]  # the rest as shipped
+    shipped = aptrepo.CONTAINER_TOOLKIT_CONFIG.splitlines()
+    assert [(a, b) for a, b in zip(shipped, text.splitlines(), strict=True) if a != b] == [
+        ("#no-cgroups = false", "no-cgroups = false")
+    ]
+    gate = _gate(host, _inventory(tmp_path, host), "nvidia,container_runtime")
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    assert _outcome(gate, "test_nvidia_container_cli_keeps_cgroups") == "PASSED"
+    assert _outcome(gate, "test_container_toolkit_is_the_locked_release") == "PASSED"
+
+
+def test_dkms_builds_for_every_kernel_of_a_stand_in_kernel_tree(converged: LabHost, tmp_path: Path) -> None:
+    """Stand-in kernel tree on a container host: two kernel images in /boot, only one with headers at first.
+
+    The role runs `dkms autoinstall -k K` per kernel lacking the module, as on an R740; the lab's stand-in dkms
+    (in the stand-in nvidia-kernel-dkms package) keeps dkms's rule that a kernel without headers cannot be built.
+    """
+    host = converged
+    first, second = STANDIN_KERNELS
+    make = " ".join(
+        f"echo 'ironserve lab stand-in kernel image' > /boot/vmlinuz-{k}; mkdir -p /lib/modules/{k};"
+        for k in STANDIN_KERNELS
+    )
+    remote.run(host, f"{make} mkdir -p /lib/modules/{first}/build")
+    try:
+        refused = deploy([host], roles=NVIDIA)
+        assert refused.returncode != 0
+        assert f"Your kernel headers for kernel {second} cannot be found" in refused.output
+
+        remote.run(host, f"mkdir -p /lib/modules/{second}/build")  # what linux-headers-<k> provides on a real host
+        built = deploy([host], roles=NVIDIA)
+        assert built.returncode == 0, built.output
+        status = remote.run(host, "dkms status").splitlines()
+        assert [line for line in status if "installed" in line] == [
+            f"nvidia-current/{DRIVER}, {k}, x86_64: installed" for k in STANDIN_KERNELS
+        ]
+        assert remote.run(host, f"ls /lib/modules/{second}/updates/dkms/").split()[0] == "nvidia-current-drm.ko"
+        again = deploy([host], roles=NVIDIA)
+        assert (again.returncode, again.changed) == (0, 0), again.output
+
+        remote.run(host, f"rm /lib/modules/{first}/updates/dkms/nvidia-current.ko")  # drift: a module gone
+        restored = deploy([host], roles=NVIDIA)
+        assert (restored.returncode, restored.changed) == (0, 1), restored.output
+        assert remote.run(host, f"ls /lib/modules/{first}/updates/dkms/nvidia-current.ko").strip()
+
+        gate = _gate(host, _inventory(tmp_path, host), "nvidia")
+        assert gate.returncode == 0, gate.stdout + gate.stderr
+        assert _outcome(gate, "test_module_is_dkms_built_for_every_installed_kernel") == "PASSED"
+    finally:
+        for k in STANDIN_KERNELS:
+            remote.run(host, f"dkms remove -m nvidia-current -v {DRIVER} -k {k} >/dev/null 2>&1; true")
+            remote.run(host, f"rm -rf /boot/vmlinuz-{k} /lib/modules/{k}")
+
+
+def test_driver_change_through_the_reboot_policy_with_a_simulated_loaded_module(
+    converged: LabHost, tmp_path: Path
+) -> None:
+    """Simulated loaded module: /sys/module/nvidia/version says 515.86.01 while the userland is 525.85.02.
+
+    defer (the lab containers' policy) writes the marker and the reason, and a re-run changes nothing; never only
+    reports; auto on a container host defers too (its kernel is the machine's). The gate fails meanwhile.
+    A real reboot with `auto` needs a host whose nvidia module can load: see roles/nvidia/README.md.
+    """
+    host = converged
+    remote.run(host, f"rm -f {REBOOT_FILES}")
+    remote.run(
+        host,
+        "mount -t tmpfs -o size=64k,mode=755 ironserve-simulated-module /sys/module && mkdir /sys/module/nvidia "
+        "&& echo 515.86.01 > /sys/module/nvidia/version",
+    )
+    try:
+        never = deploy([host], _inventory(tmp_path, host, host_tuning_reboot_policy="never"), roles=NVIDIA)
+        assert (never.returncode, never.changed) == (0, 0), never.output
+        assert remote.run(host, f"ls {REBOOT_FILES} 2>/dev/null || true").strip() == ""
+
+        deferred = deploy([host], roles=NVIDIA)
+        assert (deferred.returncode, deferred.changed) == (0, 1), deferred.output
+        reason = remote.run(host, "cat /run/ironserve/reboot-required-nvidia")
+        assert f"the loaded nvidia kernel module is 515.86.01, the installed driver {DRIVER}: reboot needed" in reason
+        assert remote.run(host, "cat /run/reboot-required").strip() == "*** System restart required ***"
+        again = deploy([host], roles=NVIDIA)
+        assert (again.returncode, again.changed) == (0, 0), again.output
+
+        remote.run(host, f"rm -f {REBOOT_FILES}")
+        auto = deploy([host], _inventory(tmp_path, host, host_tuning_reboot_policy="auto"), roles=NVIDIA)
+        assert (auto.returncode, auto.changed) == (0, 1), auto.output
+        assert "the machine that runs it reboots" in remote.run(host, "cat /run/ironserve/reboot-required-nvidia")
+
+        gate = _gate(host, _inventory(tmp_path, host), "nvidia")
+        assert gate.returncode != 0
+        assert _outcome(gate, "test_loaded_module_is_the_installed_driver") == "FAILED"
+    finally:
+        remote.run(host, f"umount /sys/module; rm -f {REBOOT_FILES}")
+    assert remote.run(host, "ls /sys/module/nvidia 2>/dev/null || true").strip() == ""
+
+
+def test_cuda_samples_source_staged_from_the_mirror_checksum_checked(converged: LabHost, tmp_path: Path) -> None:
+    """The mirror serves a stand-in of GitHub's cuda-samples v11.8 archive (real layout, stand-in contents)."""
+    host = converged
+    url = f"{host.extra['aptrepo_url']}/{aptrepo.cuda_samples_path('v11.8')}"
+    sha = aptrepo.cuda_samples_sha256("v11.8")
+    bad_sum = _inventory(tmp_path, host, nvidia_cuda_samples_url=url, nvidia_cuda_samples_sha256="0" * 64)
+    wrong = deploy([host], bad_sum, roles=NVIDIA)
+    assert wrong.returncode != 0
+    assert remote.run(host, "ls -d /opt/cuda-samples-11.8 2>/dev/null || true").strip() == ""
+
+    inventory = _inventory(tmp_path, host, nvidia_cuda_samples_url=url, nvidia_cuda_samples_sha256=sha)
+    staged = deploy([host], inventory, roles=NVIDIA)
+    assert staged.returncode == 0, staged.output
+    assert remote.run(host, "cat /opt/cuda-samples-11.8/.ironserve-source-sha256").strip() == sha
+    assert "deviceQuery.cpp" in remote.run(host, "ls /opt/cuda-samples-11.8/Samples/1_Utilities/deviceQuery")
+    again = deploy([host], inventory, roles=NVIDIA)
+    assert (again.returncode, again.changed) == (0, 0), again.output
+    gate = _gate(host, inventory, "nvidia")
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    assert _outcome(gate, "test_cuda_samples_source_is_staged") == "PASSED"
+    assert _outcome(gate, "test_device_query_passes") == "SKIPPED"  # no GPU here: skipped, saying why
+
+
+@pytest.mark.invariant("drv-install-runfile-flags", "drv-no-distro-driver")
+def test_runfile_method_replaces_the_apt_driver_and_back(converged: LabHost, tmp_path: Path) -> None:
+    """nvidia_driver_method runfile: the mirror's stand-in NVIDIA-Linux-x86_64-525.85.02.run, SHA-256 checked.
+
+    On a container host the role passes --no-kernel-module instead of --dkms (the kernel is the machine's).
+    Switching back to apt runs nvidia-uninstall and reinstalls the pinned packages.
+    """
+    host = converged
+    inventory = _inventory(
+        tmp_path,
+        host,
+        nvidia_driver_method="runfile",
+        nvidia_runfile_base_url=host.extra["aptrepo_url"],
+        nvidia_runfile_sha256=aptrepo.runfile_sha256(DRIVER),
+    )
+    try:
+        first = deploy([host], inventory, roles=NVIDIA)
+        assert first.returncode == 0, first.output
+        assert remote.run(host, "dpkg-query -W 'nvidia-driver*' 2>/dev/null || true").strip() == ""
+        log = remote.run(host, "cat /var/log/nvidia-installer.log")
+        assert "    --silent\n    --no-kernel-module\n    --no-opengl-files\n    --no-x-check\n" in log
+        assert remote.run(host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").split() == [
+            DRIVER
+        ]
+        assert remote.run(host, "systemctl is-active nvidia-persistenced").strip() == "active"
+        again = deploy([host], inventory, roles=NVIDIA)
+        assert (again.returncode, again.changed) == (0, 0), again.output
+        gate = _gate(host, inventory, "nvidia")
+        assert gate.returncode == 0, gate.stdout + gate.stderr
+        assert _outcome(gate, "test_runfile_installed_without_opengl_files_and_x_check") == "PASSED"
+    finally:
+        back = deploy([host], roles=NVIDIA)
+        assert back.returncode == 0, back.output
+    assert remote.run(host, "ls /usr/bin/nvidia-uninstall 2>/dev/null || true").strip() == ""
+    assert {name: version for name, (version, _) in _installed(host).items()} == PINS
+    again = deploy([host], roles=NVIDIA)
+    assert (again.returncode, again.changed) == (0, 0), again.output

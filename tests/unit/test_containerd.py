@@ -7,7 +7,14 @@ import tomllib
 import pytest
 
 from ironserve.config import ConfigError, build_config
-from ironserve.containerd import DEVMAPPER, ContainerdConfigError, check_config, render_config
+from ironserve.containerd import (
+    DEVMAPPER,
+    ContainerdConfigError,
+    check_config,
+    nvidia_cli_keeps_cgroups,
+    render_config,
+)
+from ironserve.lab.aptrepo import CONTAINER_TOOLKIT_CONFIG
 
 SETTINGS = build_config("h", {}).container_runtime
 RUNTIMES = 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes'
@@ -86,3 +93,32 @@ def test_schema_refuses_what_containerd_would_accept_silently(edit: tuple[str, s
 def test_not_toml() -> None:
     with pytest.raises(ContainerdConfigError, match="not TOML"):
         check_config("version = = 2")
+
+
+def test_nvidia_cli_config_uncomments_the_shipped_default_in_its_table() -> None:
+    edited = nvidia_cli_keeps_cgroups(CONTAINER_TOOLKIT_CONFIG)
+    assert tomllib.loads(edited)["nvidia-container-cli"]["no-cgroups"] is False
+    pairs = zip(CONTAINER_TOOLKIT_CONFIG.splitlines(), edited.splitlines(), strict=True)
+    changed = [(a, b) for a, b in pairs if a != b]
+    assert changed == [("#no-cgroups = false", "no-cgroups = false")]  # in place, under [nvidia-container-cli]
+    assert nvidia_cli_keeps_cgroups(edited) == edited  # a second run changes nothing
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[nvidia-container-cli]\nno-cgroups = true\nload-kmods = true\n[nvidia-ctk]\npath = "nvidia-ctk"\n',
+        '[nvidia-container-cli]\nload-kmods = true\n\n[nvidia-ctk]\npath = "nvidia-ctk"\n',
+        '[nvidia-ctk]\npath = "nvidia-ctk"\n',
+        "[nvidia-ctk]\n# no-cgroups = true\n[nvidia-container-cli]\nno-cgroups = true\n",
+    ],
+)
+def test_nvidia_cli_no_cgroups_lands_under_its_table(text: str) -> None:
+    parsed = tomllib.loads(nvidia_cli_keeps_cgroups(text))
+    assert parsed["nvidia-container-cli"]["no-cgroups"] is False
+    assert "no-cgroups" not in parsed.get("nvidia-ctk", {})
+
+
+def test_nvidia_cli_config_that_is_not_toml_is_refused() -> None:
+    with pytest.raises(ContainerdConfigError, match="not valid TOML"):
+        nvidia_cli_keeps_cgroups("[nvidia-container-cli\nno-cgroups = true\n")

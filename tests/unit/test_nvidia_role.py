@@ -10,12 +10,20 @@ from pathlib import Path
 import pytest
 
 from ironserve.config import ConfigError, build_config, load_profile
-from ironserve.config_nvidia import distro_key, package_violations, pinned_packages
+from ironserve.config_nvidia import distro_key, package_violations, pinned_packages, runfile_options, runfile_url
 from ironserve.lab import aptrepo
 from ironserve.nvidia_facts import (
+    DkmsObserved,
+    ModuleObserved,
     StackObserved,
+    dkms_lacking,
+    driver_reboot_reason,
+    parse_dkms,
     parse_dpkg_query,
+    parse_loaded_module,
+    parse_module_version,
     parse_os_release,
+    parse_runfile,
     parse_secure_boot,
     parse_stack,
     stack_problems,
@@ -23,6 +31,7 @@ from ironserve.nvidia_facts import (
 from roles.nvidia import preferences, sources_line, unattended_blacklist
 
 SMI = Path(aptrepo.__file__).with_name("standin_nvidia_smi.py")
+DKMS = Path(aptrepo.__file__).with_name("standin_dkms.py")
 
 
 @pytest.mark.parametrize("profile", ["r740-a10", "a100-cuda117"])
@@ -179,3 +188,204 @@ def test_stand_in_nvidia_smi_formats(tmp_path: Path) -> None:
     topo = _smi(tmp_path, "topo", "-m").stdout.splitlines()
     assert topo[0].split("\t")[1:5] == ["GPU0", "GPU1", "GPU2", "GPU3"]
     assert topo[1].split("\t")[1:5] == [" X ", "NODE", "SYS", "SYS"]
+
+
+# --- container toolkit, DKMS, the loaded module, cuda-samples ----------------------------------------------------
+
+
+def test_container_toolkit_is_pinned_with_the_lock_unless_switched_off() -> None:
+    loaded = load_profile("r740-a10")
+    assert loaded.lock.container_toolkit == "1.13.5"
+    pins = pinned_packages(loaded.packages, "debian12")
+    toolkit = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools")
+    assert {pins[name] for name in (*toolkit, "libnvidia-container1")} == {"1.13.5-1"}
+    assert pins["nvidia-kernel-dkms"] == "525.85.02-1"
+    off = build_config("r740-01", {"nvidia_container_toolkit": False}).nvidia.skipped_components()
+    assert "nvidia-container-toolkit" not in pinned_packages(loaded.packages, "debian12", without=off)
+    bad = {"debian12": {"container_toolkit": {"nvidia-container-toolkit": "1.17.8-1"}}}
+    assert "is not the lock's container_toolkit" in package_violations(loaded.lock, bad)[0].message
+
+
+def test_cuda_samples_settings_are_checked_before_any_host() -> None:
+    with pytest.raises(ConfigError, match="nvidia_cuda_samples_sha256 is required"):
+        build_config("r740-01", {"nvidia_cuda_samples_url": "https://mirror.example/cuda-samples/v11.8.tar.gz"})
+    with pytest.raises(ConfigError, match="nvidia_cuda_samples_sha256"):
+        build_config(
+            "r740-01",
+            {"nvidia_cuda_samples_url": "https://mirror.example/v11.8.tar.gz", "nvidia_cuda_samples_sha256": "abc"},
+        )
+    with pytest.raises(ConfigError, match="nvidia_cuda_samples_url"):
+        build_config("r740-01", {"nvidia_cuda_samples_url": "ftp://x/v11.zip", "nvidia_cuda_samples_sha256": "0" * 64})
+    ok = build_config(
+        "r740-01",
+        {"nvidia_cuda_samples_url": "https://mirror.example/v11.8.tar.gz", "nvidia_cuda_samples_sha256": "a" * 64},
+    )
+    assert ok.nvidia.cuda_samples_sha256 == "a" * 64
+
+
+DKMS_STATUS = [
+    "kernel 6.1.0-13-amd64",
+    "kernel 6.1.0-18-amd64",
+    "file /lib/modules/6.1.0-13-amd64/updates/dkms/nvidia-current.ko",
+    "file /lib/modules/6.1.0-18-amd64/updates/dkms/nvidia-current.ko",
+    "dkms-present",
+    "dkms nvidia-current/525.85.02, 6.1.0-13-amd64, x86_64: installed",
+    "dkms nvidia-current/535.129.03, 6.1.0-18-amd64, x86_64: installed (WARNING! Diff between built and installed)",
+    "dkms nvidia, 525.85.02, 5.15.0-91-generic, x86_64: installed",
+    "dkms nvidia-current/525.85.02: added",
+]
+
+
+def test_dkms_parser_and_the_kernels_that_lack_the_module() -> None:
+    observed = parse_dkms(DKMS_STATUS)
+    assert observed.kernels == ["6.1.0-13-amd64", "6.1.0-18-amd64"]
+    assert observed.installed["5.15.0-91-generic"] == ["525.85.02"]  # dkms 2's comma format
+    assert observed.dkms
+    # 6.1.0-18 has a module, but of another driver version: it lacks 525.85.02.
+    assert dkms_lacking(observed, "525.85.02") == ["6.1.0-18-amd64"]
+    files_gone = DkmsObserved(["k1"], {"k1": ["525.85.02"]}, {}, True)
+    assert dkms_lacking(files_gone, "525.85.02") == ["k1"]  # dkms says installed, the file is gone
+    only_uvm = DkmsObserved(["k1"], {"k1": ["525.85.02"]}, {"k1": ["nvidia-current-uvm.ko"]}, True)
+    assert dkms_lacking(only_uvm, "525.85.02") == ["k1"]  # the main module is what loads the driver
+    xz = DkmsObserved(["k1"], {"k1": ["525.85.02"]}, {"k1": ["nvidia.ko.xz", "nvidia-uvm.ko.xz"]}, True)
+    assert dkms_lacking(xz, "525.85.02") == []
+    assert dkms_lacking(parse_dkms([]), "525.85.02") == []  # a container: no kernel image
+
+
+@pytest.mark.parametrize(
+    ("lines", "version"),
+    [
+        (["525.85.02"], "525.85.02"),
+        (["NVRM version: NVIDIA UNIX x86_64 Kernel Module  525.85.02  Wed Jan  4 22:01:41 UTC 2023"], "525.85.02"),
+        (["NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.129.03  Release Build"], "535.129.03"),
+        ([], None),
+    ],
+)
+def test_loaded_module_version_from_sysfs_or_procfs(lines: list[str], version: str | None) -> None:
+    assert parse_module_version(lines) == version
+
+
+def test_driver_change_needs_a_reboot_until_the_module_matches() -> None:
+    loaded = parse_loaded_module(["== nvidia", "515.86.01", "== nouveau"])
+    assert loaded == ModuleObserved("515.86.01", False)
+    assert "module is 515.86.01, the installed driver 525.85.02: reboot needed" in str(
+        driver_reboot_reason(loaded, "525.85.02")
+    )
+    assert driver_reboot_reason(ModuleObserved("525.85.02"), "525.85.02") is None
+    assert driver_reboot_reason(ModuleObserved(None, False), "525.85.02") is None  # no GPU, or loaded on first use
+    nouveau = parse_loaded_module(["== nvidia", "== nouveau", "loaded"])
+    assert "nouveau is loaded" in str(driver_reboot_reason(nouveau, "525.85.02"))
+
+
+def _dkms(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "IRONSERVE_STANDIN_DKMS_ROOT": str(root)}
+    return subprocess.run([sys.executable, str(DKMS), *args], capture_output=True, text=True, env=env)
+
+
+def test_stand_in_dkms_keeps_dkms_rules_and_status_format(tmp_path: Path) -> None:
+    """The lab's stand-in: refuses a kernel without headers like dkms, and its status reads as the product expects."""
+    package = aptrepo.dkms_package("525.85.02", "525.85.02-1")
+    for path, (content, _) in package.files.items():
+        if path.startswith("/usr/src/"):
+            (tmp_path / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path.lstrip("/")).write_text(content)
+    for kernel in ("6.1.0-lab1-amd64", "6.1.0-lab2-amd64"):
+        (tmp_path / f"lib/modules/{kernel}").mkdir(parents=True)
+    (tmp_path / "lib/modules/6.1.0-lab1-amd64/build").mkdir()
+    assert _dkms(tmp_path, "add", "-m", "nvidia-current", "-v", "525.85.02").returncode == 0
+    assert _dkms(tmp_path, "status").stdout == "nvidia-current/525.85.02: added\n"
+    refused = _dkms(tmp_path, "autoinstall", "-k", "6.1.0-lab2-amd64")
+    assert refused.returncode == 1 and "kernel headers for kernel 6.1.0-lab2-amd64 cannot be found" in refused.stderr
+    assert _dkms(tmp_path, "autoinstall", "-k", "6.1.0-lab1-amd64").returncode == 0
+    status = _dkms(tmp_path, "status").stdout.splitlines()
+    assert status == ["nvidia-current/525.85.02, 6.1.0-lab1-amd64, x86_64: installed"]
+    modules = sorted(p.name for p in (tmp_path / "lib/modules/6.1.0-lab1-amd64/updates/dkms").iterdir())
+    assert "nvidia-current.ko" in modules
+    lines = ["kernel 6.1.0-lab1-amd64", "kernel 6.1.0-lab2-amd64", "dkms-present"]
+    lines += [f"file /lib/modules/6.1.0-lab1-amd64/updates/dkms/{m}" for m in modules]
+    observed = parse_dkms(lines + [f"dkms {line}" for line in status])
+    assert dkms_lacking(observed, "525.85.02") == ["6.1.0-lab2-amd64"]
+    assert _dkms(tmp_path, "remove", "nvidia-current/525.85.02", "--all").returncode == 0
+    assert not (tmp_path / "lib/modules/6.1.0-lab1-amd64/updates/dkms/nvidia-current.ko").exists()
+    assert _dkms(tmp_path, "status").stdout == ""
+
+
+def test_mirror_offers_the_container_toolkit_with_its_default_config() -> None:
+    offered = {(p.name, p.version): p for p in aptrepo.catalog()}
+    assert ("nvidia-container-toolkit", "1.17.8-1") in offered  # the decoy
+    base = offered[("nvidia-container-toolkit-base", "1.13.5-1")]
+    config = base.files["/etc/nvidia-container-runtime/config.toml"][0]
+    assert "#no-cgroups = false" in config.splitlines()
+    import tomllib
+
+    parsed = tomllib.loads(config)
+    assert "no-cgroups" not in parsed["nvidia-container-cli"] and "nvidia-container-runtime" in parsed
+    assert {"/usr/bin/nvidia-ctk", "/usr/bin/nvidia-container-runtime"} <= set(base.files)
+
+
+def test_mirror_cuda_samples_tarball_has_the_real_layout_and_is_reproducible() -> None:
+    import io
+    import tarfile
+
+    data = aptrepo.cuda_samples_tarball("v11.8")
+    assert data == aptrepo.cuda_samples_tarball("v11.8")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = tar.getnames()
+    assert "cuda-samples-11.8/Samples/1_Utilities/deviceQuery/deviceQuery.cpp" in names
+    assert "cuda-samples-11.8/Samples/1_Utilities/deviceQuery/Makefile" in names
+    assert aptrepo.cuda_samples_path("v11.8") == "cuda-samples/archive/refs/tags/v11.8.tar.gz"
+
+
+def test_runfile_method_settings_are_checked_before_any_host() -> None:
+    with pytest.raises(ConfigError, match="nvidia_runfile_sha256 is required"):
+        build_config("r740-01", {"nvidia_driver_method": "runfile"})
+    with pytest.raises(ConfigError, match="nvidia_driver_method"):
+        build_config("r740-01", {"nvidia_driver_method": "source"})
+    with pytest.raises(ConfigError, match="nvidia_dkms must stay true"):
+        build_config(
+            "r740-01", {"nvidia_driver_method": "runfile", "nvidia_runfile_sha256": "a" * 64, "nvidia_dkms": False}
+        )
+    config = build_config("r740-01", {"nvidia_driver_method": "runfile", "nvidia_runfile_sha256": "a" * 64})
+    assert "driver" in config.nvidia.skipped_components()  # the apt driver packages are not installed
+    pins = pinned_packages(config.profile.packages, "debian12", without=config.nvidia.skipped_components())
+    assert "nvidia-driver" not in pins and "cuda-toolkit-11-8" in pins
+    assert runfile_url(config.nvidia.runfile_base_url, config.lock.driver) == (
+        "https://us.download.nvidia.com/XFree86/Linux-x86_64/525.85.02/NVIDIA-Linux-x86_64-525.85.02.run"
+    )
+
+
+def test_runfile_options_are_the_seed_flags_with_dkms() -> None:
+    assert runfile_options(container=False) == ("--silent", "--dkms", "--no-opengl-files", "--no-x-check")
+    assert runfile_options(container=True) == ("--silent", "--no-kernel-module", "--no-opengl-files", "--no-x-check")
+
+
+def test_runfile_fact_reads_the_installer_version_and_its_log() -> None:
+    lines = [
+        "== version",
+        "nvidia-installer:  version 525.85.02  (buildmeister@builder101)  Wed Jan  4 21:50:07 UTC 2023",
+        "== log",
+        "nvidia-installer log file '/var/log/nvidia-installer.log'",
+        "installer version: 525.85.02",
+        "",
+        "nvidia-installer command line:",
+        "    ./nvidia-installer",
+        "    --silent",
+        "    --dkms",
+        "    --no-opengl-files",
+        "    --no-x-check",
+        "",
+        "Using: nvidia-installer ncurses v6 user interface",
+    ]
+    observed = parse_runfile(lines)
+    assert observed.version == "525.85.02"
+    assert observed.options == ["--silent", "--dkms", "--no-opengl-files", "--no-x-check"]
+    assert parse_runfile(["== version", "== log"]).version is None
+
+
+def test_mirror_serves_a_runfile_per_profile_driver() -> None:
+    script = aptrepo.runfile("525.85.02")
+    assert script.startswith(b"#!/bin/sh\n") and b"\n__PAYLOAD__\n" in script
+    assert aptrepo.runfile_sha256("525.85.02") == aptrepo.runfile_sha256("525.85.02")  # reproducible
+    assert aptrepo.runfile_path("525.85.02") == "XFree86/Linux-x86_64/525.85.02/NVIDIA-Linux-x86_64-525.85.02.run"
+    offered = {(p.name, p.version) for p in aptrepo.catalog()}
+    assert ("dkms", aptrepo.DKMS_STANDIN_VERSION) in offered  # what Depends: dkms resolves to in the lab
