@@ -24,7 +24,7 @@ for invariant, result in results.items():
 PY
 address=$(ironserve lab status | awk -v h="$host" '$1 == h { split($3, a, ":"); print a[1] }')
 echo
-echo "== a completion through Envoy on $host (http://$address:8080, simulated: CPU vLLM, tiny model) =="
+echo "== a completion through Envoy on $host (http://$address:8080; simulated: CPU vLLM and a tiny model with random weights, so the words are noise) =="
 curl -sS --max-time 120 -D - "http://$address:8080/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model": "qwen2-7b", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}' \
   | grep -iE '^(HTTP/|x-ironserve-colour)|"usage"' || status=1
