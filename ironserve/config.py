@@ -314,7 +314,7 @@ def check_roles_deployable(config: StackConfig) -> None:
     """
     if "inference" in config.roles:
         try:
-            check_deployable(config.inference, config.security.model_dir)
+            check_deployable(config.inference, config.security.model_dir, config.security.service_units)
         except ValueError as exc:
             raise ConfigError(f"host {config.host}: {exc}") from None
 

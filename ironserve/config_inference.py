@@ -113,8 +113,14 @@ class InferenceSettings(BaseModel):
         return ServiceSettings.model_validate(data)
 
 
-def check_deployable(settings: InferenceSettings, security_model_dir: str) -> None:
+def check_deployable(settings: InferenceSettings, security_model_dir: str, hardened_units: tuple[str, ...]) -> None:
     """Raise ValueError naming the inventory key when the role could not run with these settings."""
+    template = ENGINE_UNIT.format(colour="")
+    if template not in hardened_units:
+        raise ValueError(
+            f"security_service_units must include {template}: the engines run unprivileged, in the service slice, "
+            "under the seccomp filter of roles/security's drop-in"
+        )
     for key, value in (
         ("inference_pip_index_url", settings.pip_index_url),
         ("inference_requirements", settings.requirements),

@@ -18,7 +18,6 @@ from ironserve_service.settings import COLOURS, ServiceSettings
 from ironserve_service.slo import render_rules
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
@@ -290,11 +289,6 @@ def _prometheus(settings: ServiceSettings) -> None:
 
 @deploy("Inference service", data_defaults=DEFAULTS)
 def inference(config: StackConfig) -> None:
-    if ENGINE_TEMPLATE not in config.security.service_units:
-        raise OperationError(
-            f"host {config.host}: security_service_units must include {ENGINE_TEMPLATE} "
-            "so the engines run unprivileged, in the slice, under the seccomp filter"
-        )
     settings = config.inference.service_settings(config.security.model_dir)
     version = config.inference.version()
 

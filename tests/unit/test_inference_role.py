@@ -51,6 +51,11 @@ def test_a_missing_required_key_is_named_before_any_host_is_touched(key: str) ->
         check_roles_deployable(build_config("h", data))
 
 
+def test_the_engines_must_get_the_security_drop_in() -> None:
+    with pytest.raises(ConfigError, match=r"security_service_units must include ai-service@\.service"):
+        _deployable(security_service_units=["ai-service.service"])
+
+
 def test_roles_without_inference_need_none_of_its_keys() -> None:
     check_roles_deployable(build_config("h", {"ironserve_roles": "security"}))
 
