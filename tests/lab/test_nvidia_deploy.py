@@ -281,10 +281,12 @@ def test_driver_change_through_the_reboot_policy_with_a_simulated_loaded_module(
 
 
 def test_cuda_samples_source_staged_from_the_mirror_checksum_checked(converged: LabHost, tmp_path: Path) -> None:
-    """The mirror serves a stand-in of GitHub's cuda-samples v11.8 archive (real layout, stand-in contents)."""
+    """The mirror serves a stand-in of GitHub's cuda-samples v11.8 archive (real layout, stand-in contents).
+    The lab inventory stages it already; removed here, a wrong checksum stages nothing, the right one restores it."""
     host = converged
     url = f"{host.extra['aptrepo_url']}/{aptrepo.cuda_samples_path('v11.8')}"
     sha = aptrepo.cuda_samples_sha256("v11.8")
+    remote.run(host, "rm -rf /opt/cuda-samples-11.8")
     bad_sum = _inventory(tmp_path, host, nvidia_cuda_samples_url=url, nvidia_cuda_samples_sha256="0" * 64)
     wrong = deploy([host], bad_sum, roles=NVIDIA)
     assert wrong.returncode != 0
