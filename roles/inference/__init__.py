@@ -157,7 +157,7 @@ def _unit(template: str, unit: str, name: str, **context: Any) -> None:
     files.template(name=name, src=str(TEMPLATES / template), dest=f"{UNIT_DIR}/{unit}", mode="644", **context)
 
 
-def _install_service(config: StackConfig, settings: ServiceSettings) -> None:
+def _install_service(config: StackConfig) -> None:
     inference = config.inference
     assert inference.requirements is not None and inference.pip_index_url is not None  # check_deployable
     venv = inference.venv
@@ -292,7 +292,7 @@ def inference(config: StackConfig) -> None:
     settings = config.inference.service_settings(config.security.model_dir)
     version = config.inference.version()
 
-    _install_service(config, settings)
+    _install_service(config)
     _install_model(config, settings, version)
     _configure(config, settings)
     _units(config, settings, version)

@@ -16,7 +16,7 @@ import pytest
 
 from ironserve.config import StackConfig
 from ironserve.config_inference import CONFIG_PATH
-from ironserve.inference import environment_drift, lock_pins, service_yaml
+from ironserve.inference import canonical, environment_drift, lock_pins, service_yaml
 
 
 def _python(host: Any, config: StackConfig, code: str) -> Any:
@@ -204,7 +204,7 @@ def test_environment_is_exactly_the_lock(host: Any, config: StackConfig, observe
     assert config.inference.requirements is not None
     pins = lock_pins(config.inference.requirements.read_text())
     listed = json.loads(host.run(f"{config.inference.venv}/bin/pip list --format=json").stdout)
-    installed = {item["name"].lower().replace("_", "-"): item["version"] for item in listed}
+    installed = {canonical(item["name"]): item["version"] for item in listed}
     wrong, extra = environment_drift(pins, installed)
     observe(f"{len(pins)} pinned; torch {installed.get('torch')}; wrong {wrong}; extra {extra}")
     assert not wrong and not extra
