@@ -18,7 +18,7 @@ gpu_servers = (
     ],
     {
         "ironserve_profile": "r740-a10",
-        "host_tuning_reboot_policy": "auto",
+        "ironserve_reboot_policy": "auto",
         "host_tuning_ntp_servers": ["ntp1.example.internal", "ntp2.example.internal"],
         # NVIDIA's CUDA repositories or the site's mirror of them (roles/nvidia appends <os>/x86_64/),
         # and the repository's signing key as a binary keyring on this machine.

@@ -8,19 +8,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ironserve import coverage, verify
-from ironserve.config import available_profiles, load_profile, lock_messages
-from ironserve.inventory import load_inventory, validate_inventory
-from ironserve.lab import manager
-from ironserve.lab import state as lab_state
-from ironserve.lab.hardware import DEFAULT_PROFILE, available
+from ironserve import verify
+from ironserve.config import StackBase, lock_messages
+from ironserve.inventory import InventoryHost, load_inventory, validate_inventory
 from ironserve.lock import check_lock
 from ironserve.paths import REPO_ROOT
+from ironserve.profiles import available_profiles, read_profile
+from ironserve.registry import registry
 
 
-def _validated(inventory: str, override: dict[str, str] | None = None) -> tuple[list, dict]:  # type: ignore[type-arg]
+def _validated(
+    inventory: str, override: dict[str, str] | None = None
+) -> tuple[list[InventoryHost], dict[str, StackBase]]:
     hosts = load_inventory(inventory, override)
-    configs, problems = validate_inventory(hosts)
+    configs, problems = validate_inventory(hosts, registry())
     if problems:
         print("invalid inventory, no host was contacted:", file=sys.stderr)
         for problem in problems:
@@ -30,8 +31,15 @@ def _validated(inventory: str, override: dict[str, str] | None = None) -> tuple[
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
+    # The lab is a development tool: imported only when asked for, never by deploy, verify or lock.
+    from ironserve.lab import hardware, manager
+    from ironserve.lab import state as lab_state
+
     if args.lab_command == "up":
-        started = manager.up(args.hosts, args.vm, args.profile)
+        profile = args.profile or hardware.DEFAULT_PROFILE
+        if profile not in hardware.available():
+            raise ValueError(f"unknown hardware profile {profile!r}; accepted: {', '.join(hardware.available())}")
+        started = manager.up(args.hosts, args.vm, profile)
         for host in started:
             print(f"{host.name}\t{host.kind}\t{host.ssh_address}:{host.ssh_port}\t{host.hardware_profile}")
     elif args.lab_command == "status":
@@ -79,6 +87,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
+    from ironserve import coverage  # runs pytest's collection: needs the test extra
+
     entries = coverage.catalog()
     tagged = coverage.tagged_tests()
     status = coverage.classify(entries, tagged)
@@ -91,7 +101,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    profile = load_profile(args.profile)
+    profile = read_profile(args.profile)
     violations = check_lock(profile.lock)
     print(json.dumps(profile.lock.model_dump(), indent=2))
     for line in lock_messages(args.profile, violations):
@@ -108,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     up = lab_sub.add_parser("up", help="start lab hosts (kept running until `lab down`)")
     up.add_argument("--hosts", type=int, default=1, help="how many hosts to start (default 1)")
     up.add_argument("--vm", action="store_true", help="start qemu VMs (real kernel and GRUB) instead of containers")
-    up.add_argument("--profile", default=DEFAULT_PROFILE, choices=available(), help="simulated hardware profile")
+    up.add_argument("--profile", default=None, help="simulated hardware profile (ironserve/lab/hardware_profiles)")
     lab_sub.add_parser("status", help="list running lab hosts")
     ssh = lab_sub.add_parser("ssh", help="open SSH to a lab host")
     ssh.add_argument("host")

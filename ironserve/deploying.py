@@ -6,7 +6,7 @@ from typing import Any
 
 from pyinfra.api.exceptions import DeployError
 
-from ironserve.config import ConfigError, StackConfig, build_config, check_roles_deployable
+from ironserve.config import ConfigError, Registry, StackBase, build_config, check_roles_deployable
 
 
 def host_data(pyinfra_host: Any) -> dict[str, Any]:
@@ -14,10 +14,11 @@ def host_data(pyinfra_host: Any) -> dict[str, Any]:
     return dict(pyinfra_host.data.dict())
 
 
-def config_for(pyinfra_host: Any) -> StackConfig:
+def config_for(pyinfra_host: Any, registry: Registry[Any]) -> Any:
+    """The host's validated stack config (the registry's model); DeployError before any operation is queued."""
     try:
-        config = build_config(pyinfra_host.name, host_data(pyinfra_host))
-        check_roles_deployable(config)
+        config: StackBase = build_config(pyinfra_host.name, host_data(pyinfra_host), registry)
+        check_roles_deployable(config, registry)
         return config
     except ConfigError as exc:
         raise DeployError(f"invalid inventory, nothing was changed:\n{exc}") from None

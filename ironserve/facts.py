@@ -1,13 +1,17 @@
-"""Custom pyinfra facts: small, typed, with pure `process()` so parsers are unit-tested on captured output."""
+"""Facts several roles read: sysctls, the container kind, the OS, dpkg's packages and holds, systemd units.
+
+Small and typed, each with a pure `process()` tested on output captured on real machines.
+"""
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pyinfra.api.facts import FactBase
+
+from ironserve.packages import distro_key
 
 
 @dataclass(frozen=True)
@@ -52,55 +56,84 @@ class ContainerKind(FactBase[str | None]):
         return None if kind in {"", "none"} else kind
 
 
-GRUB_LINE = re.compile(r"^GRUB_CMDLINE_LINUX=(?P<value>.*)$")
-
-
-class GrubCmdlineLinux(FactBase[list[str] | None]):
-    """The arguments in /etc/default/grub's GRUB_CMDLINE_LINUX; None when the host has no GRUB defaults."""
+class OsDistro(FactBase[str]):
+    """`debian12`, `ubuntu2204`: the host's OS as NVIDIA's repositories name their directories."""
 
     def command(self) -> str:
-        return (
-            "if [ -f /etc/default/grub ]; then grep '^GRUB_CMDLINE_LINUX=' /etc/default/grub || true; "
-            "else echo ABSENT; fi"
+        return '. /etc/os-release && echo "$ID $VERSION_ID"'
+
+    def process(self, output: Iterable[str]) -> str:
+        return parse_os_release(list(output))
+
+
+def parse_os_release(lines: list[str]) -> str:
+    fields = " ".join(lines).split()
+    return distro_key(fields[0], fields[1] if len(fields) > 1 else "")
+
+
+@dataclass(frozen=True)
+class DpkgEntry:
+    version: str
+    held: bool
+
+
+class DpkgPackages(FactBase[dict[str, DpkgEntry]]):
+    """Installed packages among `patterns` (names or dpkg-query globs): name -> version, hold."""
+
+    @staticmethod
+    def default() -> dict[str, DpkgEntry]:  # no output: none installed
+        return {}
+
+    def command(self, patterns: Iterable[str]) -> str:
+        quoted = " ".join(shlex.quote(p) for p in patterns)
+        return f"dpkg-query -W -f='${{Package}}\\t${{Version}}\\t${{db:Status-Abbrev}}\\n' {quoted} 2>/dev/null || true"
+
+    def process(self, output: Iterable[str]) -> dict[str, DpkgEntry]:
+        return parse_dpkg_query(output)
+
+
+def parse_dpkg_query(lines: Iterable[str]) -> dict[str, DpkgEntry]:
+    """Lines `name<TAB>version<TAB>status` -> installed packages (status `ii`, or `hi` when held)."""
+    packages = {}
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) < 3 or len(parts[2]) < 2 or parts[2][1] != "i":
+            continue  # known to dpkg but not installed (removed, config files only, never installed)
+        packages[parts[0]] = DpkgEntry(version=parts[1], held=parts[2][0] == "h")
+    return packages
+
+
+# --- systemd ---------------------------------------------------------------------------------------------------
+
+
+class StaleUnits(FactBase[list[str]]):
+    """Units active since before their newest input file changed (they run an older unit or config)."""
+
+    def command(self, inputs: dict[str, list[str]]) -> str:
+        return "; ".join(
+            f"echo {shlex.quote(unit)} "
+            f"$(systemctl show --property=ActiveEnterTimestamp --timestamp=unix --value {shlex.quote(unit)}) "
+            f"$(stat -c %Y {' '.join(map(shlex.quote, paths))} 2>/dev/null | sort -n | tail -1)"
+            for unit, paths in inputs.items()
         )
 
-    def process(self, output: Iterable[str]) -> list[str] | None:
-        lines = list(output)
-        if lines == ["ABSENT"]:
-            return None
-        args: list[str] = []
-        for line in lines:
-            match = GRUB_LINE.match(line.strip())
-            if match:
-                # The file is shell: the last assignment wins and quotes group the words.
-                args = " ".join(shlex.split(match["value"])).split()
-        return args
+    def process(self, output: Iterable[str]) -> list[str]:
+        stale = []
+        for line in output:
+            fields = line.split()  # unit, @<active since>, <newest mtime>; no @ when the unit never ran
+            if len(fields) == 3 and fields[1].startswith("@") and int(fields[1][1:]) < int(fields[2]):
+                stale.append(fields[0])
+        return stale
 
 
-class KernelCmdline(FactBase[list[str]]):
-    """The arguments the running kernel booted with."""
+class UnitsNeedingReload(FactBase[list[str]]):
+    """Units whose file on disk changed since systemd loaded it (NeedDaemonReload)."""
 
-    def command(self) -> str:
-        return "cat /proc/cmdline"
+    def command(self, units: list[str]) -> str:
+        return "; ".join(
+            f"echo {shlex.quote(u)} $(systemctl show --property=NeedDaemonReload --value {shlex.quote(u)})"
+            for u in units
+        )
 
     def process(self, output: Iterable[str]) -> list[str]:
-        return " ".join(output).split()
-
-
-def with_kernel_args(current: list[str], wanted: Iterable[str]) -> list[str]:
-    """`current` with every wanted argument present; a wanted key=value replaces the same key's old value."""
-    result = list(current)
-    for arg in wanted:
-        key = arg.split("=", 1)[0]
-        same_key = [i for i, a in enumerate(result) if a.split("=", 1)[0] == key]
-        if same_key:
-            result[same_key[0]] = arg
-            for extra in reversed(same_key[1:]):
-                del result[extra]
-        else:
-            result.append(arg)
-    return result
-
-
-def missing_kernel_args(running: list[str], wanted: Iterable[str]) -> list[str]:
-    return [arg for arg in wanted if arg not in running]
+        return [fields[0] for line in output if len(fields := line.split()) == 2 and fields[1] == "yes"]

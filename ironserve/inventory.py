@@ -10,7 +10,7 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
-from ironserve.config import ConfigError, StackConfig, build_config, check_roles_deployable
+from ironserve.config import ConfigError, Registry, StackBase, build_config, check_roles_deployable
 from ironserve.paths import REPO_ROOT
 
 
@@ -34,14 +34,14 @@ def load_inventory(path: str, override: dict[str, str] | None = None) -> list[In
     ]
 
 
-def validate_inventory(hosts: list[InventoryHost]) -> tuple[dict[str, StackConfig], list[str]]:
-    """Every host's StackConfig, and every problem found (all hosts are checked, none is touched)."""
-    configs: dict[str, StackConfig] = {}
+def validate_inventory(hosts: list[InventoryHost], registry: Registry[Any]) -> tuple[dict[str, StackBase], list[str]]:
+    """Every host's stack config, and every problem found (all hosts are checked, none is touched)."""
+    configs: dict[str, StackBase] = {}
     problems: list[str] = []
     for host in hosts:
         try:
-            configs[host.name] = build_config(host.name, host.data)
-            check_roles_deployable(configs[host.name])
+            configs[host.name] = build_config(host.name, host.data, registry)
+            check_roles_deployable(configs[host.name], registry)
         except ConfigError as exc:
             problems.extend(str(exc).splitlines())
     if not hosts:

@@ -1,6 +1,6 @@
 """`ironserve verify INVENTORY`: run the acceptance gate (pytest-testinfra) against every host.
 
-The inventory is validated first; each host's StackConfig is handed to the tests through a JSON
+The inventory is validated first; each host's StackBase is handed to the tests through a JSON
 file, and an SSH config is generated so testinfra reaches the hosts exactly as pyinfra does.
 The acceptance conftest writes one JSON report per host: invariant id -> pass/fail/skip + observed.
 """
@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ironserve.config import StackConfig
+from ironserve.config import StackBase
 from ironserve.inventory import InventoryHost
 from ironserve.paths import REPO_ROOT
 
@@ -39,13 +39,13 @@ def ssh_config(hosts: list[InventoryHost], control_dir: Path) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def acceptance_files(configs: dict[str, StackConfig]) -> list[str]:
+def acceptance_files(configs: dict[str, StackBase]) -> list[str]:
     """The acceptance files of the roles these hosts run (tests/acceptance/test_<role>.py mirrors roles/<role>)."""
     roles = {role for config in configs.values() for role in config.roles}
     return [str(path) for path in sorted(ACCEPTANCE_DIR.glob("test_*.py")) if path.stem.removeprefix("test_") in roles]
 
 
-def run(hosts: list[InventoryHost], configs: dict[str, StackConfig], report_dir: Path, pytest_args: list[str]) -> int:
+def run(hosts: list[InventoryHost], configs: dict[str, StackBase], report_dir: Path, pytest_args: list[str]) -> int:
     report_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ironserve-verify-") as tmp:
         config_file = Path(tmp) / "ssh_config"

@@ -1,4 +1,4 @@
-"""Write files/inference/requirements-cpu.lock: the hash-pinned Python stack of an inference host (CPU build).
+"""Write ironserve/lab/files/requirements-cpu.lock: the hash-pinned Python stack of a lab inference host (CPU).
 
     python scripts/lock-engine.py            # after `make setup` (uses the project venv's pip)
 

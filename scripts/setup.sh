@@ -41,7 +41,7 @@ fi
 # The CPU build of vLLM that the service's engine tests run for real (its own venv: it pins its own torch).
 IRONSERVE_ENGINE_VENV="${IRONSERVE_ENGINE_VENV:-$CACHE/vllm-venv}" PYTHON="$VENV/bin/python" bash service/scripts/setup-engine.sh
 
-# The lab's pip index (ironserve/lab/wheelhouse.py): the wheels of files/inference/requirements-cpu.lock,
+# The lab's pip index (ironserve/lab/wheelhouse.py): the wheels of ironserve/lab/files/requirements-cpu.lock,
 # downloaded once here (again only when the lock changes), served to lab hosts as their PyPI mirror.
 pip_index="$("$VENV/bin/python" -m ironserve.lab.wheelhouse build)"
 echo "setup: lab pip index in $pip_index"

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from ironserve.lab import network, remote, state
-from ironserve.lab.hardware import load_profile
+from ironserve.lab.hardware import read_hardware_profile
 from ironserve.lab.rootfs import cached_rootfs
 from ironserve.lab.state import LabHost, LabState
 from ironserve.paths import lab_dir
@@ -140,7 +140,7 @@ def _prepare_upper(host: LabHost, lower: Path) -> list[str]:
     authorized.chmod(0o600)
 
     hardware = _upper_dir(lower, upper, str(Path(HARDWARE_FILE).parent)) / Path(HARDWARE_FILE).name
-    profile = load_profile(host.hardware_profile)
+    profile = read_hardware_profile(host.hardware_profile)
     hardware.write_text(yaml.safe_dump(profile.model_dump(), sort_keys=False))
     return known_hosts
 

@@ -7,14 +7,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from ironserve.config import ROLE_NAMES
 from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
+from ironserve.registry import registry
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Every role below the inference service: what the host-level lab tests and the convergence benchmark
 # deploy. The service has its own lab test; an engine per host would not fit a 2-core machine.
-HOST_ROLES = tuple(role for role in ROLE_NAMES if role != "inference")
+HOST_ROLES = tuple(role for role in registry().names if role != "inference")
 GRAND_TOTAL = re.compile(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ironserve.lab import aptrepo, redfish_emulator, remote, state, wheelhouse
-from ironserve.lab.hardware import load_profile
+from ironserve.lab.hardware import read_hardware_profile
 from ironserve.lab.network import GATEWAY
 from ironserve.lab.state import LabHost
 from ironserve.paths import lab_dir
@@ -57,7 +57,7 @@ def _archive(files: dict[str, tuple[str, int]]) -> bytes:
 
 def install_standins(host: LabHost, attempts: int = 3) -> None:
     files = {
-        HARDWARE_JSON: (json.dumps(load_profile(host.hardware_profile).model_dump(), indent=1) + "\n", 0o644),
+        HARDWARE_JSON: (json.dumps(read_hardware_profile(host.hardware_profile).model_dump(), indent=1) + "\n", 0o644),
         REMOTE_LIB: (STANDINS.read_text(), 0o644),
         **{f"/usr/local/bin/{tool}": (f'#!/bin/sh\nexec python3 {REMOTE_LIB} {tool} "$@"\n', 0o755) for tool in TOOLS},
     }

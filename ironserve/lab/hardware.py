@@ -1,6 +1,6 @@
 """Hardware profiles: the simulated machine behind a lab host.
 
-A profile is data (YAML under `ironserve/hardware_profiles/`). Only the lab's
+A profile is data (YAML under `ironserve/lab/hardware_profiles/`). Only the lab's
 stand-in tools (Redfish emulator, `lspci`, `dmidecode`, `nvidia-smi`) read it;
 product code never does, it runs the same commands it runs on an R740.
 A variant names a `base` profile and overrides parts of it (deep merge), so each
@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+PROFILE_DIR = Path(__file__).resolve().parent / "hardware_profiles"
 DEFAULT_PROFILE = "r740-a10x4"
 
 
@@ -91,7 +91,7 @@ def _raw(name: str) -> dict[str, Any]:
     return _deep_merge(_raw(base), data) if base else data
 
 
-def load_profile(name: str = DEFAULT_PROFILE) -> HardwareProfile:
+def read_hardware_profile(name: str = DEFAULT_PROFILE) -> HardwareProfile:
     return HardwareProfile.model_validate({**_raw(name), "name": name})
 
 

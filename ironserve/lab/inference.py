@@ -1,6 +1,6 @@
 """The lab's inputs of the inference role: sealed versions of a tiny model and the CPU engine's settings.
 
-A lab host has no GPU, so the role installs vLLM's CPU build (files/inference/requirements-cpu.lock) and
+A lab host has no GPU, so the role installs vLLM's CPU build (ironserve/lab/files/requirements-cpu.lock) and
 serves a tiny Qwen2-architecture model (service/scripts/build_tiny_model.py: random weights, real
 tokenizer and config) under the production model name. Two versions, sealed like real releases
 (`ironserve-service seal`), let tests swap between them. Built once into the cache with the engine
@@ -21,7 +21,7 @@ from ironserve_service.artifacts import RELEASE_NAME, seal_model_dir
 
 from ironserve.paths import REPO_ROOT, cache_dir
 
-REQUIREMENTS = REPO_ROOT / "files" / "inference" / "requirements-cpu.lock"
+REQUIREMENTS = Path(__file__).resolve().parent / "files" / "requirements-cpu.lock"
 BUILD_SCRIPT = REPO_ROOT / "service" / "scripts" / "build_tiny_model.py"
 VERSIONS = {"lab-v1": datetime(2026, 1, 1, tzinfo=UTC), "lab-v2": datetime(2026, 1, 2, tzinfo=UTC)}
 # vLLM's CPU backend: a 1 GiB KV cache, no core pinning (lab hosts share the machine's cores).

@@ -24,7 +24,7 @@ def _entry(host: state.LabHost) -> HostEntry:
         "ssh_look_for_keys": False,
         "ironserve_profile": "r740-a10",
         # A container's kernel is the machine's: never reboot it. VMs prove the reboot for real.
-        "host_tuning_reboot_policy": "auto" if host.kind == "vm" else "defer",
+        "ironserve_reboot_policy": "auto" if host.kind == "vm" else "defer",
     }
     if host.extra.get("redfish_url"):  # the simulated iDRAC beside the host (ironserve/lab/edge.py)
         data["bios_redfish_address"] = host.extra["redfish_url"]

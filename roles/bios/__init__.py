@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 from pyinfra.context import host
 
-from ironserve.preflight import BiosObservation
-from ironserve.redfish import (
+from ironserve.operations import Commands
+from ironserve.run import BmcObservation, HostRun
+from roles.bios.redfish import (
     BiosState,
     RedfishClient,
     RedfishError,
@@ -25,19 +27,10 @@ from ironserve.redfish import (
     load_credentials,
     read_state,
 )
-from roles.bios.defaults import DEFAULTS
 
-if TYPE_CHECKING:  # the config model imports this package's defaults
-    from ironserve.config import BiosSettings, StackConfig
-
-# What the iDRAC said about each host in this run (host name -> observation); the preflight gate reads it.
-OBSERVATIONS: dict[str, BiosObservation] = {}
-# Hosts whose BIOS this run changes: the preflight re-reads their hardware after the apply.
-APPLYING: set[str] = set()
-
-
-def observation(host_name: str) -> BiosObservation | None:
-    return OBSERVATIONS.get(host_name)
+if TYPE_CHECKING:  # the registry imports this package
+    from roles import StackConfig
+    from roles.bios.settings import BiosSettings
 
 
 def _client(settings: BiosSettings) -> RedfishClient:
@@ -47,8 +40,8 @@ def _client(settings: BiosSettings) -> RedfishClient:
 
 def _observed(
     address: str, state: BiosState, note: str | None = None, stuck: dict[str, str] | None = None
-) -> BiosObservation:
-    return BiosObservation(
+) -> BmcObservation:
+    return BmcObservation(
         address=address,
         model=state.model,
         bios_version=state.bios_version,
@@ -60,7 +53,8 @@ def _observed(
     )
 
 
-def _apply_now(state, host, settings: BiosSettings, desired: dict[str, str]) -> bool:  # type: ignore[no-untyped-def]
+# pyinfra passes (state, host) to a FunctionCommand only when its parameters carry exactly those names.
+def _apply_now(state: State, host: object, settings: BiosSettings, desired: dict[str, str], run: HostRun) -> bool:
     """Runs on the admin machine when the operation executes: apply, re-read, record for the gate."""
     address = settings.redfish_address
     assert address is not None
@@ -72,27 +66,25 @@ def _apply_now(state, host, settings: BiosSettings, desired: dict[str, str]) -> 
             timeout_s=settings.apply_timeout_s,
         )
     except RedfishError as exc:
-        OBSERVATIONS[host.name] = BiosObservation(address=address, error=str(exc))
+        run.bmc = BmcObservation(address=address, error=str(exc))
         return True
     assert result.state is not None
-    OBSERVATIONS[host.name] = _observed(address, result.state, result.note(), result.stuck)
+    run.bmc = _observed(address, result.state, result.note(), result.stuck)
     return True
 
 
 @operation()
-def bios_attributes(settings: BiosSettings, desired: dict[str, str], differing: dict[str, str]):  # type: ignore[no-untyped-def]
-    """Apply `differing` (the desired attributes the BIOS lacks) through Redfish; the gate judges the result."""
-    APPLYING.add(host.name)
-    yield FunctionCommand(_apply_now, (settings, desired), {})
+def bios_attributes(settings: BiosSettings, desired: dict[str, str], run: HostRun) -> Commands:
+    """Apply `desired` through Redfish (some differ now); the preflight gate judges the result."""
+    run.bios_changing = True
+    yield FunctionCommand(_apply_now, (settings, desired, run), {})
 
 
-@deploy("BIOS (Redfish)", data_defaults=DEFAULTS)
-def bios(config: StackConfig) -> None:
+@deploy("BIOS (Redfish)")
+def bios(config: StackConfig, run: HostRun) -> None:
     settings = config.bios
-    spec = config.profile.preflight
+    spec = config.profile.hardware
     address = settings.redfish_address
-    OBSERVATIONS.pop(host.name, None)
-    APPLYING.discard(host.name)
     if address is None or spec is None:
         why = "no bios_redfish_address" if address is None else f"profile {config.profile_name} states no BIOS"
         host.noop(f"BIOS not checked out of band: {why}")
@@ -100,10 +92,10 @@ def bios(config: StackConfig) -> None:
     try:
         state = read_state(_client(settings))
     except RedfishError as exc:
-        OBSERVATIONS[host.name] = BiosObservation(address=address, error=str(exc))
+        run.bmc = BmcObservation(address=address, error=str(exc))
         host.noop(f"BIOS not readable: {exc}")
         return
-    OBSERVATIONS[host.name] = _observed(address, state)
+    run.bmc = _observed(address, state)
     differing = differences(spec.bios_attributes, state.attributes)
     if not differing:
         host.noop(f"BIOS attributes as required ({', '.join(spec.bios_attributes)})")
@@ -112,8 +104,5 @@ def bios(config: StackConfig) -> None:
         host.noop(f"BIOS differs, bios_mode is check: {shown}")
     else:
         bios_attributes(
-            name="Apply BIOS attributes through Redfish",
-            settings=settings,
-            desired=dict(spec.bios_attributes),
-            differing=differing,
+            name="Apply BIOS attributes through Redfish", settings=settings, desired=dict(spec.bios_attributes), run=run
         )

@@ -1,7 +1,7 @@
 """containerd from Debian, pinned, with the systemd cgroup driver and the NVIDIA runtime registered,
 plus the kernel prerequisites of containers and Kubernetes (modules, bridge sysctls, swap off).
 
-config.toml is rendered and schema-checked by ironserve.containerd before it is shipped. Inside a
+config.toml is rendered and schema-checked by roles.container_runtime.containerd before it is shipped. Inside a
 container host, kernel modules and swap belong to the machine running it: the role persists what
 it can, checks what the kernel already provides, and reports the rest instead of failing.
 """
@@ -17,26 +17,30 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.facts.files import FileContents
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
 
-from ironserve.containerd import ContainerdConfigError, nvidia_cli_keeps_cgroups, render_config
-from ironserve.facts import ContainerKind, SysctlState
-from ironserve.runtime_facts import HeldPackages, KernelModules, SwapState
-from roles.container_runtime.defaults import DEFAULTS
+from ironserve.apt import held, pinned_install, preferences
+from ironserve.facts import ContainerKind
+from ironserve.operations import Commands, live_sysctl
+from ironserve.run import HostRun
+from roles.container_runtime.containerd import ContainerdConfigError, nvidia_cli_keeps_cgroups, render_config
+from roles.container_runtime.facts import KernelModules, SwapState
 
-if TYPE_CHECKING:  # the config model imports this package's defaults
-    from ironserve.config import StackConfig
-    from ironserve.config_security import ContainerRuntimeSettings
+if TYPE_CHECKING:  # the registry imports this package
+    from roles import StackConfig
+    from roles.container_runtime.settings import ContainerRuntimeSettings
 
 CONFIG = "/etc/containerd/config.toml"
 MODULES_FILE = "/etc/modules-load.d/ironserve-containers.conf"
 SYSCTL_FILE = "/etc/sysctl.d/91-ironserve-containers.conf"
 PIN_FILE = "/etc/apt/preferences.d/ironserve-containerd"
+# Above 1000: apt installs the pinned version even when it is a downgrade (apt_preferences(5)).
+PIN_PRIORITY = 1001
 NVIDIA_CLI_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 
 
 @operation()
-def kernel_modules(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def kernel_modules(names: tuple[str, ...]) -> Commands:
     """Load each module the kernel lacks; in a container, report what the machine must provide."""
     state = host.get_fact(KernelModules, names=names)
     missing = [n for n in names if state.get(n) not in {"loaded", "builtin"}]
@@ -53,24 +57,7 @@ def kernel_modules(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
 
 
 @operation()
-def network_sysctl(key: str, value: str):  # type: ignore[no-untyped-def]
-    """Set a pod-networking sysctl live; it may appear only once its module (br_netfilter) is loaded."""
-    entry = host.get_fact(SysctlState, keys=(key,))[key]
-    if entry.value == value:
-        host.noop(f"sysctl {key} is {value}")
-    elif entry.value is None and host.get_fact(ContainerKind):
-        host.noop(f"sysctl {key}: absent in this container (module not loaded by the machine); persisted")
-    elif entry.value is not None and not entry.writable:
-        if host.get_fact(ContainerKind):
-            host.noop(f"sysctl {key}: read-only in this container; persisted, applied at boot")
-            return
-        raise OperationError(f"sysctl {key} is not writable on this host")
-    else:
-        yield StringCommand("sysctl", "-w", QuoteString(f"{key}={value}"))
-
-
-@operation()
-def swap_off():  # type: ignore[no-untyped-def]
+def swap_off() -> Commands:
     """Turn swap off now and keep it off (fstab entries commented out); the kubelet refuses swap."""
     state = host.get_fact(SwapState)
     if host.get_fact(ContainerKind):
@@ -87,18 +74,7 @@ def swap_off():  # type: ignore[no-untyped-def]
 
 
 @operation()
-def packages_held(names: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    """apt-mark hold: unattended upgrades and `apt upgrade` leave the pinned packages alone."""
-    held = host.get_fact(HeldPackages)
-    missing = [n for n in names if n not in held]
-    if not missing:
-        host.noop("held: " + ", ".join(names))
-    else:
-        yield StringCommand("apt-mark", "hold", *missing)
-
-
-@operation()
-def nvidia_cli_cgroups(path: str):  # type: ignore[no-untyped-def]
+def nvidia_cli_cgroups(path: str) -> Commands:
     """cri-nvidia-container-cli-cgroups: `no-cgroups = false` under [nvidia-container-cli], so the NVIDIA hook
     puts the GPU devices in the container's cgroup; the edit is checked as TOML before it is written."""
     lines = host.get_fact(FileContents, path=path)
@@ -116,21 +92,13 @@ def nvidia_cli_cgroups(path: str):  # type: ignore[no-untyped-def]
     yield from files.put._inner(src=StringIO(wanted), dest=path, mode="644")
 
 
-def _pin_file(settings: ContainerRuntimeSettings) -> str:
-    return "".join(
-        f"# Managed by ironserve (roles/container_runtime)\nPackage: {name}\nPin: version {version}\n"
-        "Pin-Priority: 1001\n\n"
-        for name, version in settings.packages.items()
-    )
-
-
 def _sysctl_file(settings: ContainerRuntimeSettings) -> str:
     lines = "".join(f"{k} = {v}\n" for k, v in settings.sysctls.items())
     return "# Managed by ironserve (roles/container_runtime): pod networking.\n" + lines
 
 
-@deploy("Container runtime", data_defaults=DEFAULTS)
-def container_runtime(config: StackConfig) -> None:
+@deploy("Container runtime")
+def container_runtime(config: StackConfig, run: HostRun) -> None:
     settings = config.container_runtime
 
     files.put(
@@ -144,19 +112,18 @@ def container_runtime(config: StackConfig) -> None:
         name="Pod networking sysctls persisted", src=StringIO(_sysctl_file(settings)), dest=SYSCTL_FILE, mode="644"
     )
     for key, value in settings.sysctls.items():
-        network_sysctl(name=f"Apply sysctl {key}", key=key, value=value)
+        live_sysctl(name=f"Apply sysctl {key}", key=key, value=value)
     if settings.swap_off:
         swap_off(name="Swap off and kept off")
 
-    files.put(name="Pin containerd packages", src=StringIO(_pin_file(settings)), dest=PIN_FILE, mode="644")
-    apt.packages(
-        name="Install containerd (pinned)",
-        packages=[f"{name}={version}" for name, version in settings.packages.items()],
-        update=True,
-        cache_time=86400,
-        no_recommends=True,
+    files.put(
+        name="Pin containerd packages",
+        src=StringIO(preferences(settings.packages, PIN_PRIORITY, "roles/container_runtime")),
+        dest=PIN_FILE,
+        mode="644",
     )
-    packages_held(name="Hold containerd packages", names=tuple(settings.packages))
+    pinned_install(name="Install containerd (pinned)", pins=settings.packages, recommends=False)
+    held(name="Hold containerd packages", names=list(settings.packages))
 
     nvidia_cli_cgroups(name="NVIDIA container CLI keeps cgroups", path=NVIDIA_CLI_CONFIG)
     for path in (settings.cni_bin_dir, settings.cni_conf_dir):

@@ -3,45 +3,32 @@ Envoy), the sealed model, etcd, Envoy router, control loop, exporter, Prometheus
 and blue/green engine units; the configured version is brought into service by the hot swap itself.
 
 The service's own settings model validated /etc/ironserve/service.yaml before any host was touched
-(ironserve/config_inference.py). The engines run as the service user inside the service slice under the
+(roles/inference/settings.py). The engines run as the service user inside the service slice under the
 seccomp filter of roles/security (its drop-in for `ai-service@.service`).
 """
 
 from __future__ import annotations
 
+from importlib.resources import files as package_files
 from io import StringIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from ironserve_service.settings import COLOURS, ServiceSettings
 from ironserve_service.slo import render_rules
-from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
-from pyinfra.api.hiddenvalue import HiddenValue
-from pyinfra.api.operation import operation
-from pyinfra.context import host, state
-from pyinfra.facts.files import Directory, File
 from pyinfra.operations import apt, files, systemd
 
-from ironserve.config_inference import CONFIG_PATH, ENGINE_UNIT, RUN_DIR
-from ironserve.inference import (
-    ServingStatus,
-    StaleUnits,
-    UnitsNeedingReload,
-    VenvPackages,
-    environment_drift,
-    lock_pins,
-    prometheus_config,
-    service_wheel,
-    service_yaml,
-)
-from roles.inference.defaults import DEFAULTS
+from ironserve.operations import daemon_reloaded, restarted_when_stale
+from ironserve.run import HostRun
+from roles.inference.operations import locked_environment, runtime_dirs, service_package, serving
+from roles.inference.render import lock_pins, prometheus_config, service_wheel, service_yaml
+from roles.inference.settings import CONFIG_PATH, ENGINE_UNIT, RUN_DIR, check_deployable
 
-if TYPE_CHECKING:  # the config model imports this package's defaults
-    from ironserve.config import StackConfig
+if TYPE_CHECKING:  # the registry imports this package
+    from roles import StackConfig
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = package_files(__package__) / "templates"
 LOCK_PATH = "/opt/ironserve/requirements.lock"
 WHEEL_DIR = "/opt/ironserve/wheels"
 TMPFILES = "/etc/tmpfiles.d/ironserve.conf"
@@ -61,96 +48,6 @@ UNIT_DIR = "/etc/systemd/system"
 ENGINE_TEMPLATE = ENGINE_UNIT.format(colour="")
 ENGINES = [ENGINE_UNIT.format(colour=colour) for colour in COLOURS]
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
-
-
-@operation()
-def locked_environment(venv: str, python: str, lock: str, pins: dict[str, str], index_url: str):  # type: ignore[no-untyped-def]
-    """The venv holds exactly the lock: created from the distribution's Python, installed with
-    --require-hashes from the configured index, packages beside the lock removed."""
-    installed = host.get_fact(VenvPackages, venv=venv)
-    if installed is None:
-        yield StringCommand(python, "-m", "venv", QuoteString(venv))
-        installed = {}
-    wrong, extra = environment_drift(pins, installed)
-    if not wrong and not extra:
-        host.noop(f"{venv}: {len(pins)} packages at their locked versions")
-        return
-    pip = f"{venv}/bin/pip"
-    if extra:
-        yield StringCommand(pip, "uninstall", "--yes", *map(QuoteString, extra))
-    if wrong:
-        # The index URL may carry a site's credentials: hidden in pyinfra's output and logs. A plain-HTTP
-        # index (a mirror on the site's own network) is trusted explicitly: every wheel is hash-checked.
-        trust = (
-            ("--trusted-host", QuoteString(urlsplit(index_url).netloc.rpartition("@")[2]))
-            if index_url.startswith("http:")
-            else ()
-        )
-        yield StringCommand(
-            pip, "install", "--quiet", "--disable-pip-version-check", "--require-hashes", "--no-deps",
-            "--index-url", QuoteString(HiddenValue(index_url)), *trust, "-r", QuoteString(lock),  # type: ignore[no-untyped-call]
-        )  # fmt: skip
-
-
-@operation()
-def service_package(venv: str, wheel: str, digest: str):  # type: ignore[no-untyped-def]
-    """ironserve-service from the wheel built from this checkout (its dependencies are in the lock)."""
-    marker = f"{venv}/.ironserve-service-{digest}"
-    installed = host.get_fact(VenvPackages, venv=venv) or {}
-    if "ironserve-service" in installed and host.get_fact(File, path=marker):
-        host.noop(f"ironserve-service {installed['ironserve-service']} from sources {digest}")
-        return
-    yield StringCommand(
-        f"{venv}/bin/pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--force-reinstall",
-        QuoteString(wheel),
-    )  # fmt: skip
-    yield f"rm -f {venv}/.ironserve-service-* && touch {marker}"
-
-
-@operation()
-def runtime_dirs(config_file: str, paths: list[str]):  # type: ignore[no-untyped-def]
-    """Create the tmpfiles.d directories now when any is missing (systemd creates them at every boot)."""
-    missing = [p for p in paths if not host.get_fact(Directory, path=p)]
-    if not missing:
-        host.noop("runtime directories exist: " + ", ".join(paths))
-        return
-    yield StringCommand("systemd-tmpfiles", "--create", QuoteString(config_file))
-
-
-@operation()
-def restarted_when_stale(unit: str, inputs: list[str], check: str | None = None):  # type: ignore[no-untyped-def]
-    """Restart a running unit that started before one of its inputs changed (unit file, configuration).
-    Read from the host's state, not a handler: a run that failed between the write and the restart is
-    completed by the next. `check` (e.g. promtool) runs first and stops the restart when it fails."""
-    if unit not in host.get_fact(StaleUnits, inputs={unit: inputs}):
-        host.noop(f"{unit} started after its inputs last changed")
-        return
-    if check:
-        yield check
-    yield StringCommand("systemctl", "restart", unit)
-
-
-@operation()
-def daemon_reloaded(units: list[str]):  # type: ignore[no-untyped-def]
-    """systemctl daemon-reload when systemd holds an older copy of any of these unit files."""
-    if not host.get_fact(UnitsNeedingReload, units=units):
-        host.noop("systemd has loaded the current unit files")
-        return
-    yield "systemctl daemon-reload"
-
-
-@operation()
-def serving(venv: str, config: str, model: str, version: str):  # type: ignore[no-untyped-def]
-    """The configured version serves, ready: else the blue/green swap brings it in (verify, start the idle
-    colour, readiness, compare-and-swap in etcd, route switch, drain, stop the old colour)."""
-    if not state.is_executing:
-        host.noop("checked after the service is installed, while the deploy runs")
-        return
-    status = host.get_fact(ServingStatus, venv=venv, config=config)
-    if status and status.get("active") == version and status.get("ready"):
-        host.noop(f"{model} {version} serving on {status['colour']}")
-        return
-    yield StringCommand(f"{venv}/bin/ironserve-service", "swap", model, version, "--config", config)
 
 
 def _unit(template: str, unit: str, name: str, **context: Any) -> None:
@@ -287,8 +184,13 @@ def _prometheus(settings: ServiceSettings) -> None:
     )
 
 
-@deploy("Inference service", data_defaults=DEFAULTS)
-def inference(config: StackConfig) -> None:
+def inference_deployable(config: StackConfig) -> None:
+    """The index, the lock and the sealed model have no default; the engines need the security drop-in."""
+    check_deployable(config.inference, config.security.model_dir, config.security.service_units)
+
+
+@deploy("Inference service")
+def inference(config: StackConfig, run: HostRun) -> None:
     settings = config.inference.service_settings(config.security.model_dir)
     version = config.inference.version()
 

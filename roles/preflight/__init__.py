@@ -1,7 +1,7 @@
 """Hardware preflight: refuse to build on a host that is physically wrong, and say what to change.
 
-Reads the host (dmidecode, lscpu, lspci -vvv, sysfs NUMA, IOMMU) and what roles/bios read from the
-iDRAC, runs the profile's checks (ironserve/preflight.py) and writes a report per host (text for
+Reads the host (dmidecode, lscpu, lspci -vvv, sysfs NUMA, IOMMU) and what the BIOS role read from the
+iDRAC (passed in the host's run state), runs the profile's checks (checks.py) and writes a report per host (text for
 people, JSON for tools). A failing check stops this host before any other operation runs on it, unless
 the inventory names it in preflight_overrides. A passing host gets no operation at all (zero changes).
 """
@@ -16,15 +16,16 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.facts import FactBase
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 from pyinfra.context import host
 
-from ironserve.hwfacts import CpuSockets, DmiString, IommuFacts, PciDevices, PciNumaNodes, PowerSupplies
-from ironserve.preflight import HostObservation, PreflightReport, evaluate
-from roles import bios as bios_role
-from roles.preflight.defaults import DEFAULTS
+from ironserve.operations import Commands
+from ironserve.run import HostRun
+from roles.preflight.checks import HostObservation, PreflightReport, evaluate
+from roles.preflight.facts import CpuSockets, DmiString, IommuFacts, PciDevices, PciNumaNodes, PowerSupplies
 
-if TYPE_CHECKING:  # the config model imports this package's defaults
-    from ironserve.config import StackConfig
+if TYPE_CHECKING:  # the registry imports this package
+    from roles import StackConfig
 
 FACTS: dict[str, tuple[type[FactBase[Any]], dict[str, str]]] = {
     "product": (DmiString, {"keyword": "system-product-name"}),
@@ -70,17 +71,12 @@ def write_report(report: PreflightReport, folder: str) -> Path:
     return path / f"{report.host}.txt"
 
 
-def _gate(state, host, config: StackConfig, observed: HostObservation) -> bool:  # type: ignore[no-untyped-def]
+# pyinfra passes (state, host) to a FunctionCommand only when its parameters carry exactly those names.
+def _gate(state: State, host: Any, config: StackConfig, observed: HostObservation, run: HostRun) -> bool:
     """Runs when the operation executes: judge (after any BIOS apply), write the report, stop a failed host."""
-    if host.name in bios_role.APPLYING:
+    if run.bios_changing:
         observed = observe_now(host)
-    report = evaluate(
-        host.name,
-        config.profile,
-        observed,
-        bios_role.observation(host.name),
-        config.preflight.overrides,
-    )
+    report = evaluate(host.name, config.profile, observed, run.bmc, config.preflight.overrides)
     path = write_report(report, config.preflight.report_dir)
     if not report.passed:
         lines = [
@@ -93,16 +89,16 @@ def _gate(state, host, config: StackConfig, observed: HostObservation) -> bool: 
 
 
 @operation()
-def preflight_gate(config: StackConfig, observed: HostObservation, failing: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def preflight_gate(config: StackConfig, observed: HostObservation, run: HostRun, failing: tuple[str, ...]) -> Commands:
     """Stop this host unless every check passes (or is overridden); `failing` names the checks failing now."""
-    yield FunctionCommand(_gate, (config, observed), {})
+    yield FunctionCommand(_gate, (config, observed, run), {})
 
 
-@deploy("Hardware preflight", data_defaults=DEFAULTS)
-def preflight(config: StackConfig) -> None:
+@deploy("Hardware preflight")
+def preflight(config: StackConfig, run: HostRun) -> None:
     observed = observe_facts()
-    report = evaluate(host.name, config.profile, observed, bios_role.observation(host.name), config.preflight.overrides)
-    if report.passed and host.name not in bios_role.APPLYING:
+    report = evaluate(host.name, config.profile, observed, run.bmc, config.preflight.overrides)
+    if report.passed and not run.bios_changing:
         path = write_report(report, config.preflight.report_dir)
         overridden = [c.name for c in report.checks if c.overridden]
         host.noop(
@@ -113,5 +109,6 @@ def preflight(config: StackConfig) -> None:
         name="Hardware preflight gate",
         config=config,
         observed=observed,
+        run=run,
         failing=tuple(c.name for c in report.failures),
     )

@@ -2,7 +2,7 @@
 the hardening drop-in of every service unit (non-root, CAP_SYS_NICE only, seccomp allow-list) and
 the same seccomp profile as a kubelet Localhost profile.
 
-The drop-in and slice are rendered by ironserve.security from files/seccomp/ai-service.json, so
+The drop-in and slice are rendered by roles/security/seccomp.py from files/ai-service.json, so
 systemd and the container runtime enforce one syscall list.
 """
 
@@ -11,34 +11,42 @@ from __future__ import annotations
 from io import StringIO
 from typing import TYPE_CHECKING
 
+from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from ironserve.runtime_facts import PasswordState
-from ironserve.security import DROPIN_NAME, SECCOMP_PROFILE, load_profile, render_service_dropin, render_slice
-from roles.security.defaults import DEFAULTS
+from ironserve.operations import Commands
+from ironserve.run import HostRun
+from roles.security.facts import PasswordState
+from roles.security.seccomp import (
+    DROPIN_NAME,
+    SECCOMP_PROFILE,
+    read_seccomp_profile,
+    render_service_dropin,
+    render_slice,
+)
 
-if TYPE_CHECKING:  # the config model imports this package's defaults
-    from ironserve.config import StackConfig
+if TYPE_CHECKING:  # the registry imports this package
+    from roles import StackConfig
 
 
 @operation()
-def locked_password(user: str):  # type: ignore[no-untyped-def]
+def locked_password(user: str) -> Commands:
     """Lock the account's password (no password login, ever), unless it already is."""
     state = host.get_fact(PasswordState, user=user)
     if state == "locked":
         host.noop(f"{user}: password locked")
     else:
-        yield f"usermod --lock {user}"
+        yield StringCommand("usermod", "--lock", QuoteString(user))
 
 
-@deploy("Security", data_defaults=DEFAULTS)
-def security(config: StackConfig) -> None:
+@deploy("Security")
+def security(config: StackConfig, run: HostRun) -> None:
     settings = config.security
-    profile = load_profile()
+    profile = read_seccomp_profile()
 
     server.group(name="Service group", group=settings.group, system=True)
     server.user(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ironserve.config import StackConfig
+from roles import StackConfig
 
 # Worst first: one failing test makes the invariant fail on that host.
 SEVERITY = {"fail": 0, "pass": 1, "skip": 2}

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ironserve.config import StackConfig
-from ironserve.containerd import CRI, DEVMAPPER, ContainerdConfigError, check_config
+from roles import StackConfig
+from roles.container_runtime.containerd import CRI, DEVMAPPER, ContainerdConfigError, check_config
 
 CONFIG = "/etc/containerd/config.toml"
 # Logged at every start until the Kubernetes network add-on writes its config into the CNI conf dir.

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ironserve.config import StackConfig
+from roles import StackConfig
 
 SYSCTLS = [
     pytest.param("net.core.rmem_max", marks=pytest.mark.invariant("sysctl-rmem-max")),

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from ironserve.config import StackConfig
-from ironserve.config_inference import CONFIG_PATH
-from ironserve.inference import canonical, environment_drift, lock_pins, service_yaml
+from roles import StackConfig
+from roles.inference.render import canonical, environment_drift, lock_pins, service_yaml
+from roles.inference.settings import CONFIG_PATH
 
 
 def _python(host: Any, config: StackConfig, code: str) -> Any:

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ironserve.config import StackConfig
-from ironserve.config_nvidia import distro_key, pinned_packages
 from ironserve.lock import FORBIDDEN_DRIVERS
+from ironserve.packages import distro_key, pinned_packages
+from roles import StackConfig
 
 PREFERENCES = "/etc/apt/preferences.d/ironserve-nvidia.pref"
 UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51ironserve-nvidia-blacklist"
@@ -313,9 +313,9 @@ def test_loaded_module_is_the_installed_driver(host: Any, config: StackConfig, o
     module = host.run("cat /sys/module/nvidia/version 2>/dev/null || head -n 1 /proc/driver/nvidia/version").stdout
     if not module.strip():
         pytest.skip("no nvidia kernel module loaded on this host (no GPU, or a container without one)")
-    pending = host.file("/run/ironserve/reboot-required-nvidia")
+    pending = host.file("/run/ironserve/reboot-required")
     observe({"module": module.strip(), "reboot pending": pending.content_string.strip() if pending.exists else None})
-    assert config.lock.driver in module.split(), "reboot into the installed driver (host_tuning_reboot_policy)"
+    assert config.lock.driver in module.split(), "reboot into the installed driver (ironserve_reboot_policy)"
 
 
 def test_cuda_samples_source_is_staged(host: Any, config: StackConfig, observe: Any) -> None:

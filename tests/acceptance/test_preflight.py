@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from ironserve.config import PreflightSpec, StackConfig
-from ironserve.hwfacts import (
+from ironserve.profiles import HardwareSpec
+from roles import StackConfig
+from roles.preflight.checks import GEN_SPEED_GTS, gpus
+from roles.preflight.facts import (
     PciDevice,
     parse_dmidecode_power_supplies,
     parse_lscpu_sockets,
@@ -19,20 +21,19 @@ from ironserve.hwfacts import (
     parse_numa_nodes,
     parse_nvidia_topo,
 )
-from ironserve.preflight import GEN_SPEED_GTS, gpus
 
 
-def _spec(config: StackConfig) -> PreflightSpec:
-    if config.profile.preflight is None:
+def _spec(config: StackConfig) -> HardwareSpec:
+    if config.profile.hardware is None:
         pytest.skip(f"profile {config.profile_name} states no hardware expectations")
-    return config.profile.preflight
+    return config.profile.hardware
 
 
 def _gpus(host: Any) -> list[PciDevice]:
     return gpus(parse_lspci_verbose(host.run("lspci -vvv -D").stdout.splitlines()))
 
 
-def _serving(host: Any, spec: PreflightSpec) -> list[PciDevice]:
+def _serving(host: Any, spec: HardwareSpec) -> list[PciDevice]:
     full = [g for g in _gpus(host) if g.link_status and g.link_status.width >= spec.serving_width]
     return full[: spec.serving_gpus]
 

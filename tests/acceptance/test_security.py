@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ironserve.config import StackConfig
-from ironserve.security import DROPIN_NAME, dropin_properties, slice_cgroup, systemd_run_command
+from roles import StackConfig
+from roles.security.seccomp import DROPIN_NAME, dropin_properties, slice_cgroup, systemd_run_command
 
 CAP_SYS_NICE_HEX = "0000000000800000"
 PROFILE_NAME = "ai-service.json"

@@ -11,18 +11,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from ironserve.config import build_config
-from ironserve.containerd import ContainerdConfigError, check_config, render_config
 from ironserve.lab import remote
 from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
+from roles import stack_config
+from roles.container_runtime.containerd import ContainerdConfigError, check_config, render_config
 from tests.lab.conftest import lab_containers
 
 # Only the two roles under test: their own convergence and zero-change re-run.
 SECURITY_RUNTIME = ("security", "container_runtime")
 pytestmark = pytest.mark.lab
 CONFIG = "/etc/containerd/config.toml"
-SETTINGS = build_config("lab", {}).container_runtime
+SETTINGS = stack_config("lab", {}).container_runtime
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,7 @@ def test_pyinfra_direct_run_with_bad_data_changes_nothing(converged: list[LabHos
     host = converged[0]
     remote.run(host, "sysctl -w net.ipv4.tcp_slow_start_after_idle=1")
     try:
-        inventory = _inventory(tmp_path, host, '"host_tuning_reboot_policy": "sometimes"')
+        inventory = _inventory(tmp_path, host, '"ironserve_reboot_policy": "sometimes"')
         run = subprocess.run(
             [sys.executable, "-m", "pyinfra", "-y", inventory, "deploy.py"],
             cwd=REPO_ROOT,
@@ -126,7 +126,7 @@ def test_pyinfra_direct_run_with_bad_data_changes_nothing(converged: list[LabHos
             timeout=300,
         )
         assert run.returncode != 0
-        assert "host_tuning_reboot_policy" in run.stdout + run.stderr
+        assert "ironserve_reboot_policy" in run.stdout + run.stderr
         assert remote.run(host, "cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() == "1"
     finally:
         assert deploy(converged, roles=HOST_TUNING).returncode == 0

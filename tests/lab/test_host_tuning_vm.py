@@ -81,7 +81,7 @@ def test_defer_policy_leaves_a_marker_and_does_not_reboot(
 
         _, lab_vms = lab_groups()
         lab_vms = [
-            (name, {{**data, "host_tuning_reboot_policy": "defer",
+            (name, {{**data, "ironserve_reboot_policy": "defer",
                      "host_tuning_kernel_args": [{CGROUP_ARG!r}, {extra_arg!r}]}})
             for name, data in lab_vms if name == {vm.name!r}
         ]

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.config import build_config
 from ironserve.lab import remote
 from ironserve.lab.deploying import DeployResult, deploy, verify
 from ironserve.lab.inference import model_versions
 from ironserve.lab.state import LabHost
+from roles import stack_config
 from tests.lab.conftest import lab_containers
 
 ROLES = ("security", "inference")
 pytestmark = pytest.mark.lab
-SETTINGS = build_config("lab", {}).inference
+SETTINGS = stack_config("lab", {}).inference
 V2_INVENTORY = """\
 from ironserve.lab.inventory import lab_groups
 

@@ -23,21 +23,21 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.config import build_config
-from ironserve.config_nvidia import pinned_packages
 from ironserve.lab import aptrepo, remote
 from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
+from ironserve.packages import pinned_packages
 from ironserve.paths import REPO_ROOT
+from roles import stack_config
 from tests.lab.conftest import lab_containers
 
 pytestmark = pytest.mark.lab
-PINS = pinned_packages(build_config("lab", {}).profile.packages, "debian12")
+PINS = pinned_packages(stack_config("lab", {}).profile.packages, "debian12")
 DPKG = "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' "
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 DRIVER = "525.85.02"
 STANDIN_KERNELS = ("6.1.0-901-standin", "6.1.0-902-standin")
-REBOOT_FILES = "/run/reboot-required /run/ironserve/reboot-required-nvidia"
+REBOOT_FILES = "/run/reboot-required /run/ironserve/reboot-required"
 # The NVIDIA role and the one that edits its container toolkit's config; other roles have their own lab tests.
 STACK = ("nvidia", "container_runtime")
 NVIDIA = ("nvidia",)  # the tests that change only what the NVIDIA role reads deploy it alone
@@ -255,22 +255,22 @@ def test_driver_change_through_the_reboot_policy_with_a_simulated_loaded_module(
         "&& echo 515.86.01 > /sys/module/nvidia/version",
     )
     try:
-        never = deploy([host], _inventory(tmp_path, host, host_tuning_reboot_policy="never"), roles=NVIDIA)
+        never = deploy([host], _inventory(tmp_path, host, ironserve_reboot_policy="never"), roles=NVIDIA)
         assert (never.returncode, never.changed) == (0, 0), never.output
         assert remote.run(host, f"ls {REBOOT_FILES} 2>/dev/null || true").strip() == ""
 
         deferred = deploy([host], roles=NVIDIA)
         assert (deferred.returncode, deferred.changed) == (0, 1), deferred.output
-        reason = remote.run(host, "cat /run/ironserve/reboot-required-nvidia")
+        reason = remote.run(host, "cat /run/ironserve/reboot-required")
         assert f"the loaded nvidia kernel module is 515.86.01, the installed driver {DRIVER}: reboot needed" in reason
         assert remote.run(host, "cat /run/reboot-required").strip() == "*** System restart required ***"
         again = deploy([host], roles=NVIDIA)
         assert (again.returncode, again.changed) == (0, 0), again.output
 
         remote.run(host, f"rm -f {REBOOT_FILES}")
-        auto = deploy([host], _inventory(tmp_path, host, host_tuning_reboot_policy="auto"), roles=NVIDIA)
+        auto = deploy([host], _inventory(tmp_path, host, ironserve_reboot_policy="auto"), roles=NVIDIA)
         assert (auto.returncode, auto.changed) == (0, 1), auto.output
-        assert "the machine that runs it reboots" in remote.run(host, "cat /run/ironserve/reboot-required-nvidia")
+        assert "the machine that runs it reboots" in remote.run(host, "cat /run/ironserve/reboot-required")
 
         gate = _gate(host, _inventory(tmp_path, host), "nvidia")
         assert gate.returncode != 0

@@ -11,18 +11,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from ironserve.config import build_config
 from ironserve.lab import remote
 from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
-from ironserve.security import DROPIN_NAME, dropin_properties, slice_cgroup, systemd_run_command
+from roles import stack_config
+from roles.security.seccomp import DROPIN_NAME, dropin_properties, slice_cgroup, systemd_run_command
 from tests.lab.conftest import lab_containers
 from tests.lab.ssh import ssh_run
 
 # Only the two roles under test: their own convergence and zero-change re-run.
 SECURITY_RUNTIME = ("security", "container_runtime")
 pytestmark = pytest.mark.lab
-SETTINGS = build_config("lab", {}).security
+SETTINGS = stack_config("lab", {}).security
 DROPIN = f"/etc/systemd/system/ai-service.service.d/{DROPIN_NAME}"
 WORKLOAD = (
     "import json, ssl, hashlib, threading, sqlite3, subprocess, ctypes, os, numpy; "

@@ -6,17 +6,18 @@ import tomllib
 
 import pytest
 
-from ironserve.config import ConfigError, build_config
-from ironserve.containerd import (
+from ironserve.config import ConfigError
+from ironserve.lab.aptrepo import CONTAINER_TOOLKIT_CONFIG
+from roles import stack_config
+from roles.container_runtime.containerd import (
     DEVMAPPER,
     ContainerdConfigError,
     check_config,
     nvidia_cli_keeps_cgroups,
     render_config,
 )
-from ironserve.lab.aptrepo import CONTAINER_TOOLKIT_CONFIG
 
-SETTINGS = build_config("h", {}).container_runtime
+SETTINGS = stack_config("h", {}).container_runtime
 RUNTIMES = 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes'
 
 
@@ -36,7 +37,7 @@ def test_default_render() -> None:
 
 
 def test_nvidia_default_and_devmapper() -> None:
-    settings = build_config(
+    settings = stack_config(
         "h",
         {
             "container_runtime_default_runtime": "nvidia",
@@ -55,7 +56,7 @@ def test_nvidia_default_and_devmapper() -> None:
 
 def test_devmapper_without_a_pool_is_refused_naming_the_keys() -> None:
     with pytest.raises(ConfigError, match="container_runtime_devmapper_pool_name") as raised:
-        build_config("r740-01", {"container_runtime_snapshotter": "devmapper"})
+        stack_config("r740-01", {"container_runtime_snapshotter": "devmapper"})
     assert "host r740-01" in str(raised.value)
 
 
@@ -71,7 +72,7 @@ def test_devmapper_without_a_pool_is_refused_naming_the_keys() -> None:
 )
 def test_bad_runtime_settings_refused(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match="host r740-01"):
-        build_config("r740-01", {key: value})
+        stack_config("r740-01", {key: value})
 
 
 @pytest.mark.parametrize(

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-from ironserve.facts import (
-    ContainerKind,
-    GrubCmdlineLinux,
-    KernelCmdline,
-    SysctlEntry,
-    SysctlState,
-    missing_kernel_args,
-    with_kernel_args,
-)
+from ironserve.facts import ContainerKind, SysctlEntry, SysctlState
+from roles.host_tuning.facts import GrubCmdlineLinux, KernelCmdline, missing_kernel_args, with_kernel_args
 
 
 def test_sysctl_state_parses_values_writability_and_absence() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ironserve.hwfacts import (
+from roles.preflight.facts import (
     IommuFacts,
     NvidiaTopology,
     PcieLinkState,

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from ironserve_service.slo import render_rules
 
-from ironserve.config import ConfigError, build_config, check_roles_deployable
-from ironserve.inference import canonical, environment_drift, lock_pins, prometheus_config
+from ironserve.config import ConfigError
 from ironserve.lab.inference import REQUIREMENTS, model_versions
+from roles import check_deployable, stack_config
+from roles.inference.render import canonical, environment_drift, lock_pins, prometheus_config
 
 LAB_MODEL = model_versions()["lab-v1"]
 BASE: dict[str, Any] = {
@@ -23,7 +24,7 @@ BASE: dict[str, Any] = {
 
 
 def _deployable(**data: Any) -> None:
-    check_roles_deployable(build_config("h", {**BASE, **data}))
+    check_deployable(stack_config("h", {**BASE, **data}))
 
 
 def test_lock_pins_name_every_wheel_of_the_lab_lock() -> None:
@@ -48,7 +49,7 @@ def test_drift_lists_wrong_and_extra_packages_but_not_pip_or_the_service() -> No
 def test_a_missing_required_key_is_named_before_any_host_is_touched(key: str) -> None:
     data = {k: v for k, v in BASE.items() if k != key}
     with pytest.raises(ConfigError, match=f"host h: {key} must be set"):
-        check_roles_deployable(build_config("h", data))
+        check_deployable(stack_config("h", data))
 
 
 def test_the_engines_must_get_the_security_drop_in() -> None:
@@ -57,12 +58,12 @@ def test_the_engines_must_get_the_security_drop_in() -> None:
 
 
 def test_roles_without_inference_need_none_of_its_keys() -> None:
-    check_roles_deployable(build_config("h", {"ironserve_roles": "security"}))
+    check_deployable(stack_config("h", {"ironserve_roles": "security"}))
 
 
 def test_an_unsealed_model_source_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"inference_model_source: .*not a sealed model version"):
-        build_config("h", {**BASE, "inference_model_source": str(tmp_path)})
+        stack_config("h", {**BASE, "inference_model_source": str(tmp_path)})
 
 
 def test_a_bad_service_value_names_the_section_and_key() -> None:
@@ -77,16 +78,16 @@ def test_an_unknown_service_key_is_refused() -> None:
 
 def test_role_owned_service_keys_cannot_be_overridden() -> None:
     with pytest.raises(ConfigError, match=r"swap\.run_dir, which the role derives"):
-        build_config("h", {**BASE, "inference_service": {"swap": {"run_dir": "/tmp/x"}}})
+        stack_config("h", {**BASE, "inference_service": {"swap": {"run_dir": "/tmp/x"}}})
 
 
 def test_engine_environment_names_must_fit_a_unit_file() -> None:
     with pytest.raises(ConfigError, match="inference_engine_environment"):
-        build_config("h", {**BASE, "inference_engine_environment": {"BAD NAME": "1"}})
+        stack_config("h", {**BASE, "inference_engine_environment": {"BAD NAME": "1"}})
 
 
 def test_service_settings_tie_the_service_to_the_host_layout() -> None:
-    config = build_config("h", {**BASE, "inference_service": {"swap": {"listen_port": 8443}}})
+    config = stack_config("h", {**BASE, "inference_service": {"swap": {"listen_port": 8443}}})
     settings = config.inference.service_settings(config.security.model_dir)
     version = config.inference.version()
     assert settings.engine.model_dir == Path("/srv/ai/models/qwen2-7b")  # each colour's config names its version
@@ -99,7 +100,7 @@ def test_service_settings_tie_the_service_to_the_host_layout() -> None:
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool absent (apt-get install prometheus)")
 def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
-    config = build_config("h", BASE)
+    config = stack_config("h", BASE)
     settings = config.inference.service_settings(config.security.model_dir)
     rules = tmp_path / "rules.yml"
     rules.write_text(render_rules(settings.slo, settings.quality))

@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import pytest
 
-from ironserve.config import load_profile
 from ironserve.lock import StackLock, check_lock, newest_cuda_for_driver
+from ironserve.profiles import read_profile
 from ironserve.versions import Version
 
 
 def _primary(**changes: object) -> StackLock:
-    return load_profile("r740-a10").lock.model_copy(update=changes)
+    return read_profile("r740-a10").lock.model_copy(update=changes)
 
 
 @pytest.mark.invariant("drv-version", "cuda-version", "cudnn-version", "tensorrt-version", "drv-driver-cuda-compat")
 def test_primary_profile_is_the_seed_set_and_compatible() -> None:
-    lock = load_profile("r740-a10").lock
+    lock = read_profile("r740-a10").lock
     assert (lock.driver, lock.cuda, lock.cuda_runfile) == ("525.85.02", "11.8.0", "cuda_11.8.0_520.61.05_linux.run")
     assert (lock.cudnn.version, lock.tensorrt and lock.tensorrt.version) == ("8.6.0", "8.6.1.6")
     assert check_lock(lock) == []
 
 
 def test_alternative_a100_profile_is_compatible() -> None:
-    lock = load_profile("a100-cuda117").lock
+    lock = read_profile("a100-cuda117").lock
     assert (lock.driver, lock.cuda) == ("515.86.01", "11.7.1")
     assert check_lock(lock) == []
 
@@ -38,13 +38,13 @@ def test_forbidden_driver() -> None:
 
 
 def test_tensorrt_for_another_cuda() -> None:
-    lock = _primary(tensorrt=load_profile("r740-a10").lock.tensorrt.model_copy(update={"cuda": "12.0"}))  # type: ignore[union-attr]
+    lock = _primary(tensorrt=read_profile("r740-a10").lock.tensorrt.model_copy(update={"cuda": "12.0"}))  # type: ignore[union-attr]
     assert [v.rule for v in check_lock(lock)] == ["tensorrt-matches-cuda"]
 
 
 @pytest.mark.invariant("cuda-no-12x")
 def test_current_vllm_needs_a_newer_driver_and_the_lock_says_what_works() -> None:
-    engine = load_profile("r740-a10").lock.engine.model_copy(
+    engine = read_profile("r740-a10").lock.engine.model_copy(
         update={"version": "0.11.0", "cuda": "12.9", "torch": "2.8.0+cu129"}
     )
     [violation] = check_lock(_primary(engine=engine))
@@ -64,7 +64,7 @@ def test_runfile_must_match_cuda_and_not_bundle_a_newer_driver() -> None:
 
 
 def test_engine_torch_build_must_match_engine_cuda() -> None:
-    engine = load_profile("r740-a10").lock.engine.model_copy(update={"torch": "2.4.0+cu121"})
+    engine = read_profile("r740-a10").lock.engine.model_copy(update={"torch": "2.4.0+cu121"})
     assert [v.rule for v in check_lock(_primary(engine=engine))] == ["engine-torch-matches-cuda"]
 
 

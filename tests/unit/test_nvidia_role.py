@@ -9,26 +9,29 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.config import ConfigError, build_config, load_profile
-from ironserve.config_nvidia import distro_key, package_violations, pinned_packages, runfile_options, runfile_url
+from ironserve.apt import preferences, unattended_blacklist
+from ironserve.config import ConfigError
+from ironserve.facts import parse_dpkg_query, parse_os_release
 from ironserve.lab import aptrepo
-from ironserve.nvidia_facts import (
+from ironserve.packages import distro_key, package_violations, pinned_packages
+from ironserve.profiles import read_profile
+from roles import stack_config
+from roles.nvidia import sources_line
+from roles.nvidia.facts import (
     DkmsObserved,
     ModuleObserved,
     StackObserved,
     dkms_lacking,
     driver_reboot_reason,
     parse_dkms,
-    parse_dpkg_query,
     parse_loaded_module,
     parse_module_version,
-    parse_os_release,
     parse_runfile,
     parse_secure_boot,
     parse_stack,
     stack_problems,
 )
-from roles.nvidia import preferences, sources_line, unattended_blacklist
+from roles.nvidia.operations import runfile_options, runfile_url
 
 SMI = Path(aptrepo.__file__).with_name("standin_nvidia_smi.py")
 DKMS = Path(aptrepo.__file__).with_name("standin_dkms.py")
@@ -36,13 +39,13 @@ DKMS = Path(aptrepo.__file__).with_name("standin_dkms.py")
 
 @pytest.mark.parametrize("profile", ["r740-a10", "a100-cuda117"])
 def test_every_profile_pins_apt_versions_that_agree_with_its_lock(profile: str) -> None:
-    loaded = load_profile(profile)
+    loaded = read_profile(profile)
     assert package_violations(loaded.lock, loaded.packages) == []
     assert set(loaded.packages or {}) == {"debian12", "ubuntu2204"}
 
 
 def test_primary_pins_are_the_seed_set() -> None:
-    pins = pinned_packages(load_profile("r740-a10").packages, "debian12")
+    pins = pinned_packages(read_profile("r740-a10").packages, "debian12")
     assert pins["nvidia-driver"] == "525.85.02-1"
     assert pins["cuda-toolkit-11-8"] == "11.8.0-1"
     assert pins["libcudnn8"] == "8.6.0.163-1+cuda11.8"
@@ -51,7 +54,7 @@ def test_primary_pins_are_the_seed_set() -> None:
 
 
 def test_a_cudnn_package_built_for_cuda_12_is_refused() -> None:
-    lock = load_profile("r740-a10").lock
+    lock = read_profile("r740-a10").lock
     bad = {"debian12": {"cudnn": {"libcudnn8": "8.6.0.163-1+cuda12.0"}, "gpu": {"x": "1"}}}
     messages = [v.message for v in package_violations(lock, bad)]
     assert any("libcudnn8 8.6.0.163-1+cuda12.0 is not the lock's cudnn" in m and "+cuda11.8" in m for m in messages)
@@ -60,14 +63,14 @@ def test_a_cudnn_package_built_for_cuda_12_is_refused() -> None:
 
 def test_lock_override_that_breaks_the_packages_is_refused_before_any_host() -> None:
     with pytest.raises(ConfigError) as error:
-        build_config("r740-01", {"ironserve_lock": {"driver": "535.129.03"}})
+        stack_config("r740-01", {"ironserve_lock": {"driver": "535.129.03"}})
     assert "host r740-01: ironserve_lock: rule packages-match-lock failed" in str(error.value)
     assert "nvidia-driver 525.85.02-1 is not the lock's driver" in str(error.value)
 
 
 def test_pin_priority_below_1001_is_refused() -> None:
     with pytest.raises(ConfigError, match="nvidia_pin_priority"):
-        build_config("r740-01", {"nvidia_pin_priority": 990})
+        stack_config("r740-01", {"nvidia_pin_priority": 990})
 
 
 def test_os_names_map_to_nvidia_repository_directories() -> None:
@@ -143,8 +146,10 @@ def test_stack_problems_name_each_drift() -> None:
 
 def test_generated_apt_files() -> None:
     pins = {"libcudnn8": "8.6.0.163-1+cuda11.8"}
-    assert "Package: libcudnn8\nPin: version 8.6.0.163-1+cuda11.8\nPin-Priority: 1001\n" in preferences(pins, 1001)
-    assert '"libcudnn8$";' in unattended_blacklist(["libcudnn8"])
+    assert "Package: libcudnn8\nPin: version 8.6.0.163-1+cuda11.8\nPin-Priority: 1001\n" in preferences(
+        pins, 1001, "roles/nvidia"
+    )
+    assert '"libcudnn8$";' in unattended_blacklist(["libcudnn8"], "roles/nvidia")
     keyring = "/usr/share/keyrings/ironserve-nvidia.gpg"
     line = sources_line("http://mirror.example/repos", "ubuntu2204")
     assert line == f"deb [signed-by={keyring}] http://mirror.example/repos/ubuntu2204/x86_64/ /\n"
@@ -155,7 +160,7 @@ def test_generated_apt_files() -> None:
 
 def test_mirror_offers_the_pinned_set_and_newer_decoys() -> None:
     offered = {(p.name, p.version) for p in aptrepo.catalog()}
-    for name, version in pinned_packages(load_profile("r740-a10").packages, "debian12").items():
+    for name, version in pinned_packages(read_profile("r740-a10").packages, "debian12").items():
         assert (name, version) in offered
     decoys = {("nvidia-driver", "535.129.03-1"), ("cuda-toolkit-12-2", "12.2.2-1")}
     decoys |= {("libcudnn8", "8.9.7.29-1+cuda12.2"), ("tensorrt", "8.6.1.6-1+cuda12.0")}
@@ -164,9 +169,9 @@ def test_mirror_offers_the_pinned_set_and_newer_decoys() -> None:
 
 def _smi(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     hardware = tmp_path / "hardware.json"
-    from ironserve.lab.hardware import load_profile as load_hardware
+    from ironserve.lab.hardware import read_hardware_profile
 
-    hardware.write_text(load_hardware().model_dump_json())
+    hardware.write_text(read_hardware_profile().model_dump_json())
     source = SMI.read_text().replace("/etc/ironserve-lab/hardware.json", str(hardware))
     script = tmp_path / "nvidia_smi.py"
     script.write_text(source)
@@ -194,13 +199,13 @@ def test_stand_in_nvidia_smi_formats(tmp_path: Path) -> None:
 
 
 def test_container_toolkit_is_pinned_with_the_lock_unless_switched_off() -> None:
-    loaded = load_profile("r740-a10")
+    loaded = read_profile("r740-a10")
     assert loaded.lock.container_toolkit == "1.13.5"
     pins = pinned_packages(loaded.packages, "debian12")
     toolkit = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools")
     assert {pins[name] for name in (*toolkit, "libnvidia-container1")} == {"1.13.5-1"}
     assert pins["nvidia-kernel-dkms"] == "525.85.02-1"
-    off = build_config("r740-01", {"nvidia_container_toolkit": False}).nvidia.skipped_components()
+    off = stack_config("r740-01", {"nvidia_container_toolkit": False}).nvidia.skipped_components()
     assert "nvidia-container-toolkit" not in pinned_packages(loaded.packages, "debian12", without=off)
     bad = {"debian12": {"container_toolkit": {"nvidia-container-toolkit": "1.17.8-1"}}}
     assert "is not the lock's container_toolkit" in package_violations(loaded.lock, bad)[0].message
@@ -208,15 +213,15 @@ def test_container_toolkit_is_pinned_with_the_lock_unless_switched_off() -> None
 
 def test_cuda_samples_settings_are_checked_before_any_host() -> None:
     with pytest.raises(ConfigError, match="nvidia_cuda_samples_sha256 is required"):
-        build_config("r740-01", {"nvidia_cuda_samples_url": "https://mirror.example/cuda-samples/v11.8.tar.gz"})
+        stack_config("r740-01", {"nvidia_cuda_samples_url": "https://mirror.example/cuda-samples/v11.8.tar.gz"})
     with pytest.raises(ConfigError, match="nvidia_cuda_samples_sha256"):
-        build_config(
+        stack_config(
             "r740-01",
             {"nvidia_cuda_samples_url": "https://mirror.example/v11.8.tar.gz", "nvidia_cuda_samples_sha256": "abc"},
         )
     with pytest.raises(ConfigError, match="nvidia_cuda_samples_url"):
-        build_config("r740-01", {"nvidia_cuda_samples_url": "ftp://x/v11.zip", "nvidia_cuda_samples_sha256": "0" * 64})
-    ok = build_config(
+        stack_config("r740-01", {"nvidia_cuda_samples_url": "ftp://x/v11.zip", "nvidia_cuda_samples_sha256": "0" * 64})
+    ok = stack_config(
         "r740-01",
         {"nvidia_cuda_samples_url": "https://mirror.example/v11.8.tar.gz", "nvidia_cuda_samples_sha256": "a" * 64},
     )
@@ -338,14 +343,14 @@ def test_mirror_cuda_samples_tarball_has_the_real_layout_and_is_reproducible() -
 
 def test_runfile_method_settings_are_checked_before_any_host() -> None:
     with pytest.raises(ConfigError, match="nvidia_runfile_sha256 is required"):
-        build_config("r740-01", {"nvidia_driver_method": "runfile"})
+        stack_config("r740-01", {"nvidia_driver_method": "runfile"})
     with pytest.raises(ConfigError, match="nvidia_driver_method"):
-        build_config("r740-01", {"nvidia_driver_method": "source"})
+        stack_config("r740-01", {"nvidia_driver_method": "source"})
     with pytest.raises(ConfigError, match="nvidia_dkms must stay true"):
-        build_config(
+        stack_config(
             "r740-01", {"nvidia_driver_method": "runfile", "nvidia_runfile_sha256": "a" * 64, "nvidia_dkms": False}
         )
-    config = build_config("r740-01", {"nvidia_driver_method": "runfile", "nvidia_runfile_sha256": "a" * 64})
+    config = stack_config("r740-01", {"nvidia_driver_method": "runfile", "nvidia_runfile_sha256": "a" * 64})
     assert "driver" in config.nvidia.skipped_components()  # the apt driver packages are not installed
     pins = pinned_packages(config.profile.packages, "debian12", without=config.nvidia.skipped_components())
     assert "nvidia-driver" not in pins and "cuda-toolkit-11-8" in pins

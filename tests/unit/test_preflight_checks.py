@@ -7,23 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.config import build_config, load_profile
-from ironserve.hwfacts import (
+from ironserve.lab import hardware, standins
+from ironserve.profiles import read_profile
+from ironserve.run import BmcObservation
+from roles import stack_config
+from roles.preflight.checks import CHECK_NAMES, HostObservation, PreflightReport, evaluate
+from roles.preflight.facts import (
     parse_dmidecode_power_supplies,
     parse_dmidecode_string,
     parse_lscpu_sockets,
     parse_lspci_verbose,
 )
-from ironserve.lab import hardware, standins
-from ironserve.preflight import CHECK_NAMES, BiosObservation, HostObservation, PreflightReport, evaluate
 
-PROFILE = load_profile("r740-a10")
+PROFILE = read_profile("r740-a10")
 
 
 def observe(name: str, tmp_path: Path, bios: dict[str, str] | None = None) -> HostObservation:
     """What the preflight facts read on a lab host with hardware profile `name` (through the stand-ins)."""
     data = tmp_path / "hardware.json"
-    data.write_text(json.dumps(hardware.load_profile(name).model_dump()))
+    data.write_text(json.dumps(hardware.read_hardware_profile(name).model_dump()))
     bios_file = tmp_path / "bios.json"
     if bios is not None:
         bios_file.write_text(json.dumps(bios))
@@ -37,9 +39,9 @@ def observe(name: str, tmp_path: Path, bios: dict[str, str] | None = None) -> Ho
     )
 
 
-def bios_of(name: str) -> BiosObservation:
-    hw = hardware.load_profile(name)
-    return BiosObservation(address="http://127.0.0.1:1", model=hw.system.model, attributes=dict(hw.bios_attributes))
+def bios_of(name: str) -> BmcObservation:
+    hw = hardware.read_hardware_profile(name)
+    return BmcObservation(address="http://127.0.0.1:1", model=hw.system.model, attributes=dict(hw.bios_attributes))
 
 
 def failed(report: PreflightReport) -> dict[str, str]:
@@ -98,10 +100,10 @@ def test_non_r740_is_refused_by_dmi_and_redfish(tmp_path: Path) -> None:
 
 
 def test_stuck_pending_setting_is_a_failure(tmp_path: Path) -> None:
-    bios = BiosObservation(
+    bios = BmcObservation(
         address="http://x",
         model="PowerEdge R740",
-        attributes={**hardware.load_profile("r740-a10x4-sriov-stuck").bios_attributes},
+        attributes={**hardware.read_hardware_profile("r740-a10x4-sriov-stuck").bios_attributes},
         pending={"SriovGlobalEnable": "Disabled"},
         stuck={"SriovGlobalEnable": "Disabled"},
     )
@@ -123,7 +125,7 @@ def test_gpus_on_two_sockets_fail_the_same_socket_check(tmp_path: Path) -> None:
 
 def test_acs_redirect_on_a_root_port_fails(tmp_path: Path) -> None:
     data = tmp_path / "hardware.json"
-    data.write_text(json.dumps({**hardware.load_profile().model_dump(), "pcie_acs_redirect": True}))
+    data.write_text(json.dumps({**hardware.read_hardware_profile().model_dump(), "pcie_acs_redirect": True}))
     devices = parse_lspci_verbose(standins.lspci(standins.load(data, tmp_path / "none"), ["-vvv", "-D"]).splitlines())
     report = evaluate("h", PROFILE, HostObservation("PowerEdge R740", None, 2, devices), None)
     assert "acs-p2p-redirect" in failed(report)
@@ -143,14 +145,14 @@ def test_report_text_and_json(tmp_path: Path) -> None:
 def test_overrides_are_validated_by_the_config() -> None:
     from ironserve.config import ConfigError
 
-    assert build_config("h", {"preflight_overrides": ["psu-capacity"]}).preflight.overrides == ("psu-capacity",)
+    assert stack_config("h", {"preflight_overrides": ["psu-capacity"]}).preflight.overrides == ("psu-capacity",)
     with pytest.raises(ConfigError, match=r"host h: preflight_overrides\[0\]: unknown preflight check 'psu'"):
-        build_config("h", {"preflight_overrides": ["psu"]})
+        stack_config("h", {"preflight_overrides": ["psu"]})
 
 
 def test_standin_lspci_filters_like_lspci(tmp_path: Path) -> None:
     data = tmp_path / "hardware.json"
-    data.write_text(json.dumps(hardware.load_profile().model_dump()))
+    data.write_text(json.dumps(hardware.read_hardware_profile().model_dump()))
     profile = standins.load(data, tmp_path / "none")
     assert standins.lspci(profile, ["-d", "10de:"]).splitlines()[0] == (
         "3b:00.0 3D controller: NVIDIA Corporation GA102GL [A10] (rev a1)"

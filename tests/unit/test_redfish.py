@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ironserve import redfish
 from ironserve.lab import hardware, redfish_emulator
-from ironserve.redfish import Credentials, RedfishClient, RedfishError, apply, load_credentials, read_state
+from roles.bios import redfish
+from roles.bios.redfish import Credentials, RedfishClient, RedfishError, apply, load_credentials, read_state
 
 SENTINEL = "s3ntinel-PASSWORD-9f2c"
 DESIRED = {
@@ -26,7 +26,7 @@ DESIRED = {
 class Emulator:
     def __init__(self, profile: str, tmp: Path, sync: str | None = None) -> None:
         self.tree = tmp / "tree"
-        redfish_emulator.build_tree(hardware.load_profile(profile), self.tree)
+        redfish_emulator.build_tree(hardware.read_hardware_profile(profile), self.tree)
         creds = tmp / "credentials"
         creds.write_text(f"root:{SENTINEL}\n")
         self.server: Any = redfish_emulator.make_server(self.tree, 0, creds, sync)

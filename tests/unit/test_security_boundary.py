@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.config import ConfigError, build_config
-from ironserve.runtime_facts import HeldPackages, KernelModules, PasswordState, SwapState
-from ironserve.security import (
+from ironserve.config import ConfigError
+from roles import stack_config
+from roles.container_runtime.facts import KernelModules, SwapState
+from roles.security.facts import PasswordState
+from roles.security.seccomp import (
     FORBIDDEN_SYSCALLS,
     SECCOMP_PROFILE,
     dropin_properties,
-    load_profile,
+    read_seccomp_profile,
     render_service_dropin,
     render_slice,
     service_properties,
@@ -21,7 +23,7 @@ from ironserve.security import (
     systemd_run_command,
 )
 
-SETTINGS = build_config("h", {}).security
+SETTINGS = stack_config("h", {}).security
 
 
 def test_defaults_follow_the_catalog() -> None:
@@ -44,13 +46,13 @@ def test_defaults_follow_the_catalog() -> None:
 )
 def test_bad_security_settings_name_host_and_key(key: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as raised:
-        build_config("r740-01", {key: value})
+        stack_config("r740-01", {key: value})
     assert "host r740-01" in str(raised.value)
 
 
 def test_profile_is_default_deny_with_ioctl_unfiltered() -> None:
     raw = json.loads(SECCOMP_PROFILE.read_text())
-    profile = load_profile()
+    profile = read_seccomp_profile()
     assert raw["defaultAction"] == "SCMP_ACT_ERRNO" and profile.defaultErrnoRet == 1
     ioctl = [rule for rule in profile.syscalls if "ioctl" in rule.names]
     assert len(ioctl) == 1 and ioctl[0].args == () and ioctl[0].action == "SCMP_ACT_ALLOW"
@@ -67,7 +69,7 @@ def test_profile_refusing_a_forbidden_syscall_does_not_load(tmp_path: Path) -> N
     path = tmp_path / "p.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="allows mount"):
-        load_profile(path)
+        read_seccomp_profile(path)
 
 
 def test_profile_with_unknown_key_is_refused(tmp_path: Path) -> None:
@@ -76,11 +78,11 @@ def test_profile_with_unknown_key_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="defaultActoin"):
-        load_profile(path)
+        read_seccomp_profile(path)
 
 
 def test_systemd_filter_is_the_profile_list() -> None:
-    profile = load_profile()
+    profile = read_seccomp_profile()
     props = service_properties(SETTINGS, profile)
     filters = [value for key, value in props if key == "SystemCallFilter"]
     assert set(filters[0].split()) == profile.allowed() - {"clone3"}
@@ -92,7 +94,7 @@ def test_systemd_filter_is_the_profile_list() -> None:
 
 
 def test_dropin_round_trips_and_carries_the_boundary() -> None:
-    text = render_service_dropin(SETTINGS, load_profile())
+    text = render_service_dropin(SETTINGS, read_seccomp_profile())
     props = dict(dropin_properties(text))
     assert props["User"] == "ai-runner"
     assert props["AmbientCapabilities"] == props["CapabilityBoundingSet"] == "CAP_SYS_NICE"
@@ -133,4 +135,3 @@ def test_kernel_modules_and_swap_and_holds() -> None:
         "fstab": ["UUID=1234"],
     }
     assert SwapState.default() == {"active": [], "fstab": []}
-    assert HeldPackages().process(["runc", "containerd", ""]) == ["containerd", "runc"]

@@ -1,4 +1,4 @@
-"""Custom pyinfra facts of the security and container_runtime roles, with pure `process()`."""
+"""Facts of the container_runtime role: kernel modules and swap, with pure `process()`."""
 
 from __future__ import annotations
 
@@ -6,22 +6,6 @@ import shlex
 from collections.abc import Iterable
 
 from pyinfra.api.facts import FactBase
-
-
-class PasswordState(FactBase[str | None]):
-    """locked, empty or set: the account's password field in /etc/shadow; None when the account is missing."""
-
-    def command(self, user: str) -> str:
-        return f"getent shadow {shlex.quote(user)} | cut -d: -f2 || true"
-
-    def process(self, output: Iterable[str]) -> str | None:
-        lines = list(output)
-        if not lines:
-            return None
-        field = lines[0].strip()
-        if field.startswith(("!", "*")):
-            return "locked"
-        return "empty" if field == "" else "set"
 
 
 class KernelModules(FactBase[dict[str, str]]):
@@ -60,15 +44,3 @@ class SwapState(FactBase[dict[str, list[str]]]):
             if kind in state and device:
                 state[kind].append(device)
         return state
-
-
-class HeldPackages(FactBase[list[str]]):
-    """Packages on hold (apt-mark showhold)."""
-
-    default = list
-
-    def command(self) -> str:
-        return "apt-mark showhold"
-
-    def process(self, output: Iterable[str]) -> list[str]:
-        return sorted(line.strip() for line in output if line.strip())

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from pyinfra.api.facts import FactBase
 
+from ironserve.run import PowerSupplyInfo
+
 NVIDIA_VENDOR = "10de"
 
 
@@ -52,13 +54,6 @@ def parse_dmidecode_system(output: Iterable[str]) -> dict[str, str]:
 
 
 POWER_CAPACITY = re.compile(r"^Max Power Capacity:\s*(?P<watts>\d+)\s*W", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class PowerSupplyInfo:
-    name: str
-    capacity_w: int | None  # None when the PSU reports "Unknown" (empty bay, failed unit)
-    present: bool
 
 
 def parse_dmidecode_power_supplies(output: Iterable[str]) -> list[PowerSupplyInfo]:

@@ -12,10 +12,11 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from ironserve.hwfacts import IommuState, PciDevice, PowerSupplyInfo
+from ironserve.run import BmcObservation, PowerSupplyInfo
+from roles.preflight.facts import IommuState, PciDevice
 
 if TYPE_CHECKING:
-    from ironserve.config import PreflightSpec, Profile
+    from ironserve.profiles import HardwareSpec, Profile
 
 Status = Literal["pass", "fail", "skip", "info"]
 
@@ -43,7 +44,7 @@ GEN_SPEED_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 
 @dataclass(frozen=True)
 class HostObservation:
-    """What the host says about itself over SSH (see ironserve.hwfacts)."""
+    """What the host says about itself over SSH (see roles.preflight.facts)."""
 
     product: str | None  # dmidecode -s system-product-name
     bios_version: str | None
@@ -52,21 +53,6 @@ class HostObservation:
     sysfs_numa: dict[str, int] = field(default_factory=dict)  # /sys/bus/pci/devices/*/numa_node
     power_supplies: list[PowerSupplyInfo] = field(default_factory=list)  # dmidecode -t 39
     iommu: IommuState | None = None
-
-
-@dataclass(frozen=True)
-class BiosObservation:
-    """What the iDRAC says over Redfish; `error` when it could not be read, None fields when not asked."""
-
-    address: str | None
-    model: str | None = None
-    bios_version: str | None = None
-    attributes: dict[str, str] = field(default_factory=dict)
-    pending: dict[str, str] = field(default_factory=dict)
-    power_supplies: list[PowerSupplyInfo] = field(default_factory=list)
-    error: str | None = None
-    stuck: dict[str, str] = field(default_factory=dict)  # desired values still pending after a reset
-    note: str | None = None  # what apply did (patched, job, reset), for the report
 
 
 @dataclass(frozen=True)
@@ -172,11 +158,11 @@ def evaluate(
     host: str,
     profile: Profile,
     observed: HostObservation,
-    bios: BiosObservation | None,
+    bios: BmcObservation | None,
     overrides: Iterable[str] = (),
 ) -> PreflightReport:
-    """Run every check of `profile.preflight` against what the host and its iDRAC report."""
-    spec = profile.preflight
+    """Run every check of `profile.hardware` against what the host and its iDRAC report."""
+    spec = profile.hardware
     checks = _Checks(overrides)
     if spec is None:
         checks.add("system-model", "profile states no preflight", "-", None)
@@ -200,7 +186,7 @@ def evaluate(
     return PreflightReport(host, profile.name, checks.results, serving, excluded)
 
 
-def _cpu(checks: _Checks, spec: PreflightSpec, observed: HostObservation) -> None:
+def _cpu(checks: _Checks, spec: HardwareSpec, observed: HostObservation) -> None:
     checks.add(
         "cpu-sockets",
         str(spec.cpu_sockets),
@@ -212,7 +198,7 @@ def _cpu(checks: _Checks, spec: PreflightSpec, observed: HostObservation) -> Non
 
 
 def _gpus(
-    checks: _Checks, spec: PreflightSpec, profile: Profile, observed: HostObservation
+    checks: _Checks, spec: HardwareSpec, profile: Profile, observed: HostObservation
 ) -> tuple[list[str], dict[str, str]]:
     found = gpus(observed.devices)
     checks.add(
@@ -326,7 +312,7 @@ def _acs(checks: _Checks, observed: HostObservation) -> None:
 
 
 def _psu(
-    checks: _Checks, spec: PreflightSpec, profile: Profile, observed: HostObservation, bios: BiosObservation | None
+    checks: _Checks, spec: HardwareSpec, profile: Profile, observed: HostObservation, bios: BmcObservation | None
 ) -> None:
     # A10 board power is 150 W (NVIDIA datasheet); the seed sized the PSU for 250 W, which is wrong.
     gpu_count = max(spec.gpus_installed, len(gpus(observed.devices)))
@@ -350,7 +336,7 @@ def _psu(
     )
 
 
-def _bios(checks: _Checks, spec: PreflightSpec, profile: Profile, bios: BiosObservation | None) -> None:
+def _bios(checks: _Checks, spec: HardwareSpec, profile: Profile, bios: BmcObservation | None) -> None:
     if bios is None or bios.address is None:
         why = "not checked: set bios_redfish_address to the iDRAC's Redfish URL"
         checks.add("redfish-system-model", profile.server.model, why, None)

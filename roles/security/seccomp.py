@@ -1,7 +1,7 @@
 """The service's security boundary as text: seccomp profile, systemd slice and hardening drop-in.
 
 Pure functions, unit-tested; roles/security ships their output. One syscall list serves both
-enforcers: the OCI/Docker JSON profile in files/seccomp/ (containerd, the kubelet's Localhost
+enforcers: the OCI/Docker JSON profile in roles/security/files/ (containerd, the kubelet's Localhost
 profile) and systemd's SystemCallFilter=, with each argument filter mapped to the systemd
 setting that enforces the same rule (see SYSTEMD_EQUIVALENTS).
 """
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import shlex
+from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ironserve.config_security import SecuritySettings
-from ironserve.paths import REPO_ROOT
+from roles.security.settings import SecuritySettings
 
-SECCOMP_PROFILE = REPO_ROOT / "files" / "seccomp" / "ai-service.json"
+SECCOMP_PROFILE = Path(str(files(__package__) / "files" / "ai-service.json"))
 DROPIN_NAME = "10-ironserve-security.conf"  # in /etc/systemd/system/<unit>.d/
 ERRNO_NAMES = {1: "EPERM", 38: "ENOSYS"}
 # Argument filters of the JSON profile and the systemd settings that enforce the same rule.
@@ -78,7 +78,7 @@ class SeccompProfile(BaseModel):
         }
 
 
-def load_profile(path: Path = SECCOMP_PROFILE) -> SeccompProfile:
+def read_seccomp_profile(path: Path = SECCOMP_PROFILE) -> SeccompProfile:
     profile = SeccompProfile.model_validate(json.loads(path.read_text()))
     forbidden = sorted(profile.allowed() & FORBIDDEN_SYSCALLS)
     if forbidden:
@@ -138,7 +138,7 @@ def render_service_dropin(settings: SecuritySettings, profile: SeccompProfile) -
     lines = "".join(f"{key}={value}\n" for key, value in service_properties(settings, profile))
     return (
         "# Managed by ironserve (roles/security): non-root, CAP_SYS_NICE only, seccomp allow-list\n"
-        "# (the same list as files/seccomp/ai-service.json), in the service slice.\n"
+        "# (the same list as roles/security/files/ai-service.json), in the service slice.\n"
         f"[Service]\n{lines}"
     )
 
@@ -164,7 +164,3 @@ def systemd_run_command(dropin_text: str, command: str, extra: tuple[str, ...] =
     props = [f"-p {shlex.quote(f'{k}={v}')}" for k, v in dropin_properties(dropin_text)]
     props += [f"-p {shlex.quote(p)}" for p in extra]
     return f"systemd-run --quiet --wait --pipe --collect {' '.join(props)} {command}"
-
-
-def dump_json(data: Any) -> str:
-    return json.dumps(data, indent=2) + "\n"

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ironserve.config_security import ContainerRuntimeSettings
+from roles.container_runtime.settings import ContainerRuntimeSettings
 
 CRI = "io.containerd.grpc.v1.cri"
 DEVMAPPER = "io.containerd.snapshotter.v1.devmapper"

@@ -1,4 +1,4 @@
-"""Settings model of roles/inference, part of `StackConfig`.
+"""Settings of the inference role: its public API, every inventory key it reads with its default.
 
 The host's /etc/ironserve/service.yaml is validated here, on the machine running the deploy, by the
 service's own settings model (ironserve_service.settings), so a bad value fails before any host is touched.
@@ -14,9 +14,11 @@ from typing import Any
 
 from ironserve_service.artifacts import MANIFEST_NAME, RELEASE_NAME
 from ironserve_service.settings import ServiceSettings
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-ABS_PATH = r"^(/[\w.@+-]+)+$"
+from ironserve.config import RoleSettings
+from ironserve.validators import ABS_PATH
+
 ENGINE_UNIT = "ai-service@{colour}.service"
 CONFIG_PATH = Path("/etc/ironserve/service.yaml")
 RUN_DIR = Path("/run/ironserve")
@@ -34,21 +36,75 @@ ROLE_OWNED = {
 }
 
 
-class InferenceSettings(BaseModel):
-    """Settings of roles/inference (keys documented in roles/inference/defaults.py)."""
+class InferenceSettings(RoleSettings):
+    """Settings of roles/inference."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    pip_index_url: str | None = Field(alias="inference_pip_index_url", pattern=r"^(https?|file)://\S+$")
-    requirements: Path | None = Field(alias="inference_requirements")
-    python: str = Field(alias="inference_python", pattern=ABS_PATH)
-    venv: str = Field(alias="inference_venv", pattern=ABS_PATH)
-    model_name: str = Field(alias="inference_model_name", pattern=r"^[A-Za-z0-9][\w.-]*$")
-    model_source: Path | None = Field(alias="inference_model_source")
-    model_version: str | None = Field(alias="inference_model_version", pattern=r"^[\w.-]+$")
-    models_root: str | None = Field(alias="inference_models_root", pattern=ABS_PATH)
-    engine_environment: dict[str, str] = Field(alias="inference_engine_environment")
-    service: dict[str, dict[str, Any]] = Field(alias="inference_service")
-    prometheus: bool = Field(alias="inference_prometheus")
+    pip_index_url: str | None = Field(
+        None,
+        alias="inference_pip_index_url",
+        pattern=r"^(https?|file)://\S+$",
+        description="PEP 503 index the service's Python environment is installed from: the site's mirror of PyPI "
+        "and the PyTorch index (py-pip-official-index), or the lab's wheelhouse. Required.",
+    )
+    requirements: Path | None = Field(
+        None,
+        alias="inference_requirements",
+        description="Hash-locked requirements of that environment (pip --require-hashes), a file on the deploy "
+        "machine: vLLM, torch and the service's dependencies (py-deps, py-torch-sha256). Required.",
+    )
+    python: str = Field(
+        "/usr/bin/python3",
+        alias="inference_python",
+        pattern=ABS_PATH,
+        description="The interpreter the environment is created from: the distribution's own Python, never conda "
+        "or pyenv.",
+    )
+    venv: str = Field(
+        "/opt/ironserve/venv",
+        alias="inference_venv",
+        pattern=ABS_PATH,
+        description="Where the environment lives on the host (vLLM, the ironserve-service package, Envoy's binary).",
+    )
+    model_name: str = Field(
+        "qwen2-7b",
+        alias="inference_model_name",
+        pattern=r"^[A-Za-z0-9][\w.-]*$",
+        description="The model's name in etcd (/models/<name>/active) and in the OpenAI API (served-model-name).",
+    )
+    model_source: Path | None = Field(
+        None,
+        alias="inference_model_source",
+        description="A sealed model version on the deploy machine (MANIFEST.sha256 + release.json, see "
+        "`ironserve-service seal`), uploaded to <models root>/<version>. Required.",
+    )
+    model_version: str | None = Field(
+        None,
+        alias="inference_model_version",
+        pattern=r"^[\w.-]+$",
+        description="The version to serve: its directory name on the host. None: the source's release.json version.",
+    )
+    models_root: str | None = Field(
+        None,
+        alias="inference_models_root",
+        pattern=ABS_PATH,
+        description="Model versions on the host; None: <security_model_dir>/<inference_model_name>.",
+    )
+    engine_environment: dict[str, str] = Field(
+        default_factory=dict,
+        alias="inference_engine_environment",
+        description="Environment of the engine units (e.g. VLLM_CPU_KVCACHE_SPACE for the CPU engine of the lab).",
+    )
+    service: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        alias="inference_service",
+        description="Overrides of /etc/ironserve/service.yaml by section (engine, readiness, exporter, quality, slo, "
+        "swap), validated by ironserve-service's own settings model; see service/service.example.yaml.",
+    )
+    prometheus: bool = Field(
+        True,
+        alias="inference_prometheus",
+        description="Install Prometheus with the SLO rules and scrape jobs for the exporter, both colours and Envoy.",
+    )
 
     @field_validator("requirements")
     @classmethod

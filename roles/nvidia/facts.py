@@ -22,57 +22,8 @@ from dataclasses import dataclass, field
 
 from pyinfra.api.facts import FactBase
 
-from ironserve.config_nvidia import distro_key
-
 SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 CUDNN_HEADERS = ("/usr/include/cudnn_version.h", "/usr/include/x86_64-linux-gnu/cudnn_version_v8.h")
-
-
-class OsDistro(FactBase[str]):
-    """`debian12`, `ubuntu2204`: the host's OS as NVIDIA's repositories name their directories."""
-
-    def command(self) -> str:
-        return '. /etc/os-release && echo "$ID $VERSION_ID"'
-
-    def process(self, output: Iterable[str]) -> str:
-        return parse_os_release(list(output))
-
-
-def parse_os_release(lines: list[str]) -> str:
-    fields = " ".join(lines).split()
-    return distro_key(fields[0], fields[1] if len(fields) > 1 else "")
-
-
-@dataclass(frozen=True)
-class DpkgEntry:
-    version: str
-    held: bool
-
-
-class DpkgPackages(FactBase[dict[str, DpkgEntry]]):
-    """Installed packages among `patterns` (names or dpkg-query globs): name -> version, hold."""
-
-    @staticmethod
-    def default() -> dict[str, DpkgEntry]:  # no output: none installed
-        return {}
-
-    def command(self, patterns: Iterable[str]) -> str:
-        quoted = " ".join(shlex.quote(p) for p in patterns)
-        return f"dpkg-query -W -f='${{Package}}\\t${{Version}}\\t${{db:Status-Abbrev}}\\n' {quoted} 2>/dev/null || true"
-
-    def process(self, output: Iterable[str]) -> dict[str, DpkgEntry]:
-        return parse_dpkg_query(output)
-
-
-def parse_dpkg_query(lines: Iterable[str]) -> dict[str, DpkgEntry]:
-    """Lines `name<TAB>version<TAB>status` -> installed packages (status `ii`, or `hi` when held)."""
-    packages = {}
-    for line in lines:
-        parts = line.split("\t")
-        if len(parts) < 3 or len(parts[2]) < 2 or parts[2][1] != "i":
-            continue  # known to dpkg but not installed (removed, config files only, never installed)
-        packages[parts[0]] = DpkgEntry(version=parts[1], held=parts[2][0] == "h")
-    return packages
 
 
 class SecureBoot(FactBase[str]):

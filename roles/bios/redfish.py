@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ironserve.hwfacts import PowerSupplyInfo
 from ironserve.paths import REPO_ROOT
+from ironserve.run import PowerSupplyInfo
 
 SYSTEM = "/redfish/v1/Systems/System.Embedded.1"
 BIOS = f"{SYSTEM}/Bios"

@@ -1,4 +1,4 @@
-"""What roles/inference needs besides operations: the lock's pins, the service wheel, facts and renderings.
+"""What roles/inference renders and builds on the deploy machine: the lock's pins, the service wheel, configs.
 
 Pure functions where possible; `service_wheel()` is the one place that builds on the machine running the
 deploy (once per source change, cached outside the repository).
@@ -7,18 +7,15 @@ deploy (once per source change, cached outside the repository).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import shlex
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from ironserve_service.settings import COLOURS, ServiceSettings
-from pyinfra.api.facts import FactBase
 
 from ironserve.paths import REPO_ROOT, cache_dir
 
@@ -99,62 +96,3 @@ def prometheus_config(settings: ServiceSettings, rules_file: str) -> str:
         ],
     }
     return "# Managed by ironserve (roles/inference)\n" + yaml.safe_dump(config, sort_keys=False)
-
-
-class VenvPackages(FactBase[dict[str, str] | None]):
-    """{canonical name: version} installed in a venv (`pip list`); None when the venv has no pip."""
-
-    def command(self, venv: str) -> str:
-        pip = shlex.quote(f"{venv}/bin/pip")
-        return f"if [ -x {pip} ]; then {pip} list --format=json --disable-pip-version-check; fi"
-
-    def process(self, output: Iterable[str]) -> dict[str, str] | None:
-        text = "".join(output).strip()
-        if not text:
-            return None
-        return {canonical(item["name"]): item["version"] for item in json.loads(text)}
-
-
-class ServingStatus(FactBase[dict[str, Any] | None]):
-    """`ironserve-service status`: the active version, its colour and whether it is ready; None before install."""
-
-    def command(self, venv: str, config: str) -> str:
-        cli, config = shlex.quote(f"{venv}/bin/ironserve-service"), shlex.quote(config)
-        return f"if [ -x {cli} ] && [ -f {config} ]; then {cli} status --config {config}; fi; true"
-
-    def process(self, output: Iterable[str]) -> dict[str, Any] | None:
-        text = "".join(output).strip()
-        return json.loads(text.splitlines()[-1]) if text else None
-
-
-class StaleUnits(FactBase[list[str]]):
-    """Units active since before their newest input file changed (they run an older unit or config)."""
-
-    def command(self, inputs: dict[str, list[str]]) -> str:
-        return "; ".join(
-            f"echo {shlex.quote(unit)} "
-            f"$(systemctl show --property=ActiveEnterTimestamp --timestamp=unix --value {shlex.quote(unit)}) "
-            f"$(stat -c %Y {' '.join(map(shlex.quote, paths))} 2>/dev/null | sort -n | tail -1)"
-            for unit, paths in inputs.items()
-        )
-
-    def process(self, output: Iterable[str]) -> list[str]:
-        stale = []
-        for line in output:
-            fields = line.split()  # unit, @<active since>, <newest mtime>; no @ when the unit never ran
-            if len(fields) == 3 and fields[1].startswith("@") and int(fields[1][1:]) < int(fields[2]):
-                stale.append(fields[0])
-        return stale
-
-
-class UnitsNeedingReload(FactBase[list[str]]):
-    """Units whose file on disk changed since systemd loaded it (NeedDaemonReload)."""
-
-    def command(self, units: list[str]) -> str:
-        return "; ".join(
-            f"echo {shlex.quote(u)} $(systemctl show --property=NeedDaemonReload --value {shlex.quote(u)})"
-            for u in units
-        )
-
-    def process(self, output: Iterable[str]) -> list[str]:
-        return [fields[0] for line in output if len(fields := line.split()) == 2 and fields[1] == "yes"]

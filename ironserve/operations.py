@@ -1,0 +1,61 @@
+"""Operations several roles use, each checking state through facts and yielding commands only on change."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from ironserve.facts import ContainerKind, StaleUnits, SysctlState, UnitsNeedingReload
+
+# What an operation function returns: the commands it yields (strings, StringCommand, FunctionCommand, or
+# another operation's `_inner`).
+Commands = Generator[Any, None, None]
+
+
+@operation()
+def live_sysctl(key: str, value: str) -> Commands:
+    """Set one sysctl in the running kernel when it differs.
+
+    In a container a kernel-global key is read-only (and a module's key may be absent): it is persisted
+    by the caller and applied at the next boot of the machine, so it is reported instead of failing.
+    """
+    entry = host.get_fact(SysctlState, keys=(key,))[key]
+    shown = value.replace("\t", " ")
+    container = host.get_fact(ContainerKind)
+    if entry.value == value:
+        host.noop(f"sysctl {key} is {shown}")
+    elif entry.value is None and container:
+        host.noop(f"sysctl {key}: absent in this container (module not loaded by the machine); persisted")
+    elif entry.value is not None and not entry.writable:
+        if not container:
+            raise OperationError(f"sysctl {key} is not writable on this host (value {entry.value!r})")
+        host.noop(f"sysctl {key}: kernel-global, read-only in this container; persisted, applied at boot")
+    else:
+        yield StringCommand("sysctl", "-w", QuoteString(f"{key}={shown}"))
+
+
+@operation()
+def restarted_when_stale(unit: str, inputs: list[str], check: str | None = None) -> Commands:
+    """Restart a running unit that started before one of its inputs changed (unit file, configuration).
+    Read from the host's state, not a handler: a run that failed between the write and the restart is
+    completed by the next. `check` (e.g. promtool) runs first and stops the restart when it fails."""
+    if unit not in host.get_fact(StaleUnits, inputs={unit: inputs}):
+        host.noop(f"{unit} started after its inputs last changed")
+        return
+    if check:
+        yield check
+    yield StringCommand("systemctl", "restart", unit)
+
+
+@operation()
+def daemon_reloaded(units: list[str]) -> Commands:
+    """systemctl daemon-reload when systemd holds an older copy of any of these unit files."""
+    if not host.get_fact(UnitsNeedingReload, units=units):
+        host.noop("systemd has loaded the current unit files")
+        return
+    yield "systemctl daemon-reload"

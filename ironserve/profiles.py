@@ -1,0 +1,96 @@
+"""Hardware/software profiles: what a host is and the pinned software set it gets, as data.
+
+`ironserve/profiles/<name>.yaml` holds one profile; `ironserve_profile` names it in the inventory and
+`ironserve_lock` overrides parts of its lock (the lock rules then run on the result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from ironserve.lock import StackLock
+from ironserve.packages import AptPackages
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+DEFAULT_PROFILE = "r740-a10"
+
+
+class GpuSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    model: str
+    memory_gib: int = Field(gt=0)
+    compute_capability: str
+    board_power_w: int = Field(gt=0)
+
+
+class ServerSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    model: str
+    pcie_gen: int = Field(ge=1, le=6)
+
+
+class HardwareSpec(BaseModel):
+    """What the machine must physically be before anything is installed; the profile's `hardware` section."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    cpu_sockets: int = Field(ge=1)
+    gpus_installed: int = Field(ge=0)  # NVIDIA GPUs physically present (all draw power)
+    gpu_pci_name: str  # how lspci names the card, e.g. "[A10]" in "GA102GL [A10]"
+    serving_gpus: int = Field(ge=0)  # full-width GPUs the service uses, lowest slots first
+    serving_width: int = Field(default=16, ge=1)  # lanes a GPU needs to serve; narrower ones are excluded
+    same_socket: bool = True  # serving GPUs must share one NUMA node / CPU socket
+    platform_power_w: int = Field(ge=0)  # CPUs, memory, fans, disks, NICs: added to the GPUs' board power
+    bios_attributes: dict[str, str] = Field(default_factory=dict)  # Redfish Bios attribute -> required value
+
+
+class Profile(BaseModel):
+    """A hardware/software profile: what the host is and the pinned software set it gets."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    description: str
+    server: ServerSpec
+    gpu: GpuSpec
+    lock: StackLock
+    hardware: HardwareSpec | None = None  # None: the profile states no hardware expectations
+    packages: AptPackages | None = None  # exact apt versions of the lock per target OS
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def profile_data(name: object, lock_overrides: object = None) -> dict[str, Any]:
+    """The named profile as plain data, `lock_overrides` merged into its lock (validated by `Profile`).
+
+    Raises ValueError naming the accepted profiles, or what is wrong with the overrides.
+    """
+    if not isinstance(name, str) or name not in available_profiles():
+        raise ValueError(f"unknown profile {name!r} (accepted: {', '.join(available_profiles())})")
+    data: dict[str, Any] = yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
+    data["lock"] = _merged_lock(data["lock"], lock_overrides)
+    return {**data, "name": name}
+
+
+def read_profile(name: str) -> Profile:
+    """The named profile, validated, as shipped (no inventory overrides)."""
+    return Profile.model_validate(profile_data(name))
+
+
+def _merged_lock(lock: Mapping[str, Any], overrides: object) -> dict[str, Any]:
+    if overrides is None:
+        return dict(lock)
+    if not isinstance(overrides, Mapping):
+        raise ValueError("ironserve_lock: expected a mapping of lock component to value")
+    merged = dict(lock)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged

@@ -1,0 +1,83 @@
+"""The inference role's operations: each reads state through facts and yields commands only when it differs."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.hiddenvalue import HiddenValue
+from pyinfra.api.operation import operation
+from pyinfra.context import host, state
+from pyinfra.facts.files import Directory, File
+
+from ironserve.operations import Commands
+from roles.inference.facts import ServingStatus, VenvPackages
+from roles.inference.render import environment_drift
+
+
+@operation()
+def locked_environment(venv: str, python: str, lock: str, pins: dict[str, str], index_url: str) -> Commands:
+    """The venv holds exactly the lock: created from the distribution's Python, installed with
+    --require-hashes from the configured index, packages beside the lock removed."""
+    installed = host.get_fact(VenvPackages, venv=venv)
+    if installed is None:
+        yield StringCommand(python, "-m", "venv", QuoteString(venv))
+        installed = {}
+    wrong, extra = environment_drift(pins, installed)
+    if not wrong and not extra:
+        host.noop(f"{venv}: {len(pins)} packages at their locked versions")
+        return
+    pip = f"{venv}/bin/pip"
+    if extra:
+        yield StringCommand(pip, "uninstall", "--yes", *map(QuoteString, extra))
+    if wrong:
+        # The index URL may carry a site's credentials: hidden in pyinfra's output and logs. A plain-HTTP
+        # index (a mirror on the site's own network) is trusted explicitly: every wheel is hash-checked.
+        trust = (
+            ("--trusted-host", QuoteString(urlsplit(index_url).netloc.rpartition("@")[2]))
+            if index_url.startswith("http:")
+            else ()
+        )
+        yield StringCommand(
+            pip, "install", "--quiet", "--disable-pip-version-check", "--require-hashes", "--no-deps",
+            "--index-url", QuoteString(HiddenValue(index_url)), *trust, "-r", QuoteString(lock),  # type: ignore[no-untyped-call]
+        )  # fmt: skip
+
+
+@operation()
+def service_package(venv: str, wheel: str, digest: str) -> Commands:
+    """ironserve-service from the wheel built from this checkout (its dependencies are in the lock)."""
+    marker = f"{venv}/.ironserve-service-{digest}"
+    installed = host.get_fact(VenvPackages, venv=venv) or {}
+    if "ironserve-service" in installed and host.get_fact(File, path=marker):
+        host.noop(f"ironserve-service {installed['ironserve-service']} from sources {digest}")
+        return
+    yield StringCommand(
+        f"{venv}/bin/pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--force-reinstall",
+        QuoteString(wheel),
+    )  # fmt: skip
+    yield f"rm -f {venv}/.ironserve-service-* && touch {marker}"
+
+
+@operation()
+def runtime_dirs(config_file: str, paths: list[str]) -> Commands:
+    """Create the tmpfiles.d directories now when any is missing (systemd creates them at every boot)."""
+    missing = [p for p in paths if not host.get_fact(Directory, path=p)]
+    if not missing:
+        host.noop("runtime directories exist: " + ", ".join(paths))
+        return
+    yield StringCommand("systemd-tmpfiles", "--create", QuoteString(config_file))
+
+
+@operation()
+def serving(venv: str, config: str, model: str, version: str) -> Commands:
+    """The configured version serves, ready: else the blue/green swap brings it in (verify, start the idle
+    colour, readiness, compare-and-swap in etcd, route switch, drain, stop the old colour)."""
+    if not state.is_executing:
+        host.noop("checked after the service is installed, while the deploy runs")
+        return
+    status = host.get_fact(ServingStatus, venv=venv, config=config)
+    if status and status.get("active") == version and status.get("ready"):
+        host.noop(f"{model} {version} serving on {status['colour']}")
+        return
+    yield StringCommand(f"{venv}/bin/ironserve-service", "swap", model, version, "--config", config)

@@ -1,0 +1,174 @@
+"""The nvidia role's operations: each reads state through facts and yields commands only when it differs."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.operation import operation
+from pyinfra.context import host, state
+from pyinfra.facts.server import Command
+from pyinfra.operations import apt
+
+from ironserve.apt import APT_GET
+from ironserve.facts import ContainerKind, DpkgPackages
+from ironserve.operations import Commands
+from roles.nvidia.facts import (
+    MAIN_MODULE,
+    CudaSamples,
+    DkmsKernels,
+    NvidiaStack,
+    RunfileDriver,
+    SecureBoot,
+    StaleInitrds,
+    dkms_lacking,
+    stack_problems,
+)
+
+NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
+# Packages of the stack's families that must not sit beside the lock (another driver branch, a CUDA 12
+# toolkit, the CUDA metapackages that pull a driver in): removed when installed and not pinned.
+STRAY_PATTERNS = ("nvidia-driver*", "cuda-toolkit-*", "cuda-drivers*", "libcudnn*", "libnvinfer*", "tensorrt")
+MOK_STEPS = (
+    "UEFI Secure Boot is enabled: the unsigned NVIDIA kernel module would not load. Either disable Secure Boot "
+    "in the BIOS (iDRAC: BIOS Settings > System Security > Secure Boot), or enrol a Machine Owner Key and sign "
+    "the module: (1) `openssl req -new -x509 -newkey rsa:2048 -nodes -days 36500 -subj '/CN=ironserve module "
+    "signing/' -keyout /root/mok.priv -outform DER -out /root/mok.der`; (2) `mokutil --import /root/mok.der` "
+    "(choose a one-time password); (3) reboot and enrol the key in the blue MOK manager screen; (4) let DKMS "
+    "sign with it (/etc/dkms/framework.conf: mok_signing_key=/root/mok.priv, mok_certificate=/root/mok.der); "
+    "then run the deploy again."
+)
+
+
+def runfile_name(driver: str) -> str:
+    return f"NVIDIA-Linux-x86_64-{driver}.run"
+
+
+def runfile_url(base_url: str, driver: str) -> str:
+    """NVIDIA's download layout: <base>/XFree86/Linux-x86_64/<driver>/NVIDIA-Linux-x86_64-<driver>.run."""
+    return f"{base_url}/XFree86/Linux-x86_64/{driver}/{runfile_name(driver)}"
+
+
+def runfile_options(container: bool) -> tuple[str, ...]:
+    """drv-install-runfile-flags: no OpenGL files, no X check, the module through DKMS (rebuilt for new kernels).
+    In a container the kernel is the machine's: userland only (--no-kernel-module), as NVIDIA's images do."""
+    module = "--no-kernel-module" if container else "--dkms"
+    return ("--silent", module, "--no-opengl-files", "--no-x-check")
+
+
+@operation()
+def refuse_secure_boot() -> Commands:
+    """Stop before touching the host when Secure Boot would keep the driver from loading."""
+    sb_state = host.get_fact(SecureBoot)
+    if sb_state == "enabled":
+        raise OperationError(MOK_STEPS)
+    host.noop(f"Secure Boot: {sb_state}")
+    yield from ()
+
+
+@operation()
+def kernel_headers(driver: str) -> Commands:
+    """linux-headers for the running kernel and every installed kernel that lacks the DKMS-built module."""
+    if host.get_fact(ContainerKind):
+        host.noop("container: the running kernel is the machine's; no headers to install here")
+        return
+    release = host.get_fact(Command, "uname -r").strip()
+    kernels = [release, *(k for k in dkms_lacking(host.get_fact(DkmsKernels), driver) if k != release)]
+    yield from apt.packages._inner(packages=[f"linux-headers-{k}" for k in kernels])
+
+
+@operation()
+def dkms_every_kernel(driver: str) -> Commands:
+    """`dkms autoinstall -k K` for every installed kernel without the nvidia module `driver` (a kernel installed
+    while its headers were missing, or before the driver); each build is checked where DKMS installs it."""
+    observed = host.get_fact(DkmsKernels)
+    if not observed.kernels:
+        host.noop("no kernel image in /boot: a container runs the machine's kernel")
+        return
+    lacking = dkms_lacking(observed, driver)
+    if not lacking:
+        host.noop(f"nvidia {driver} is DKMS-built for every installed kernel: {', '.join(observed.kernels)}")
+        return
+    for kernel in lacking:
+        k = shlex.quote(kernel)
+        yield f"dkms autoinstall -k {k}"
+        yield f"ls /lib/modules/{k}/updates/dkms/ | grep -Eqx '{MAIN_MODULE.pattern}'"
+
+
+@operation()
+def remove_strays(keep: list[str], also: tuple[str, ...] = ()) -> Commands:
+    """Purge packages of the stack's families that are installed beside the lock (e.g. a CUDA 12 toolkit), and
+    the packages in `also` (the apt driver, when the runfile installs it)."""
+    installed = host.get_fact(DpkgPackages, patterns=STRAY_PATTERNS + also)
+    strays = sorted(n for n in installed if n not in keep)
+    if not strays:
+        host.noop("no NVIDIA packages beside the lock")
+        return
+    yield f"{APT_GET} --allow-change-held-packages purge " + " ".join(strays)  # a hold does not keep a stray
+
+
+@operation()
+def runfile_install(path: str, driver: str, options: tuple[str, ...]) -> Commands:
+    """`sh NVIDIA-Linux-x86_64-<driver>.run OPTIONS` unless that driver is installed by a run with those options."""
+    observed = host.get_fact(RunfileDriver)
+    if observed.version == driver and set(options) <= set(observed.options):
+        host.noop(f"driver {driver} installed from the runfile with {' '.join(options)}")
+        return
+    yield f"sh {shlex.quote(path)} {' '.join(options)}"
+
+
+@operation()
+def remove_runfile_driver() -> Commands:
+    """The apt method after a runfile install: `nvidia-uninstall --silent` first (its files would clash)."""
+    observed = host.get_fact(RunfileDriver)
+    if observed.version is None:
+        host.noop("no runfile driver installed")
+        return
+    yield "nvidia-uninstall --silent"
+
+
+@operation()
+def rebuild_initramfs() -> Commands:
+    """`update-initramfs -u -k all` when an initrd predates the nouveau blacklist."""
+    stale = host.get_fact(StaleInitrds, newer_than=NOUVEAU_BLACKLIST)
+    if not stale:
+        host.noop("every initrd includes the nouveau blacklist (or there is none: a container)")
+        return
+    yield "update-initramfs -u -k all"
+
+
+@operation()
+def stage_cuda_samples(tarball: str, directory: str, sha256: str) -> Commands:
+    """Unpack the checksummed cuda-samples tarball into `directory` (recording its SHA-256) unless it is there."""
+    if host.get_fact(CudaSamples, directory=directory) == sha256:
+        host.noop(f"{directory} holds the cuda-samples source {sha256[:12]}")
+        return
+    d, t = shlex.quote(directory), shlex.quote(tarball)
+    yield (
+        f"rm -rf {d} && mkdir -p {d} && tar -xzf {t} -C {d} --strip-components=1 && "
+        f"test -f {d}/Samples/1_Utilities/deviceQuery/Makefile && echo {sha256} > {d}/.ironserve-source-sha256"
+    )
+
+
+@operation()
+def verify_stack(driver: str, cuda: str, cudnn: str, cuda_home: str, dkms: bool) -> Commands:
+    """Fail unless nvidia-smi, the toolkit, the cuDNN header and the DKMS builds match the lock.
+
+    A loaded module older than the userland is no failure here: the reboot step takes it through the policy
+    (until then a real nvidia-smi answers "Driver/library version mismatch", so it is not held against it).
+    """
+    if not state.is_executing:
+        host.noop("verified after the install, while the deploy runs")
+        return
+    observed = host.get_fact(NvidiaStack, cuda_home=cuda_home)
+    problems = stack_problems(observed, driver, cuda, cudnn, cuda_home)
+    reboot = [p for p in problems if "reboot needed" in p]
+    wrong = [p for p in problems if p not in reboot and not (reboot and p.startswith("nvidia-smi reports"))]
+    if dkms:
+        lacking = dkms_lacking(host.get_fact(DkmsKernels), driver)
+        if lacking:
+            wrong.append(f"no DKMS-built nvidia {driver} module for kernel {', '.join(lacking)}")
+    if wrong:
+        raise OperationError("the NVIDIA stack does not match the lock: " + "; ".join(wrong))
+    host.noop(f"driver {driver}, CUDA {cuda}, cuDNN {cudnn} verified")
+    yield from ()
