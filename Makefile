@@ -4,7 +4,7 @@ VENV ?= $(CACHE)/venv
 export PATH := $(VENV)/bin:$(PATH)
 export IRONSERVE_CACHE := $(CACHE)
 
-.PHONY: setup demo test lint unit lab-test service-test lab-down coverage bench
+.PHONY: setup demo test lint unit lab-test service-test lab-down coverage bench docs
 
 setup:
 	@bash scripts/setup.sh
@@ -42,3 +42,7 @@ lab-down: setup
 
 bench: setup
 	python benchmarks/converge.py
+
+# Regenerate the inventory-key tables of the READMEs from the settings models.
+docs: setup
+	python -m ironserve.docs

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic.fields import FieldInfo
 
 from ironserve.lock import LockViolation, StackLock, check_lock
 from ironserve.packages import package_violations
@@ -37,10 +36,19 @@ class StackBase(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     host: str
-    profile_name: str = Field(alias="ironserve_profile")
+    profile_name: str = Field(
+        DEFAULT_PROFILE,
+        alias="ironserve_profile",
+        description="The hardware/software profile (ironserve/profiles/<name>.yaml): what the host is and the pinned "
+        "set it gets.",
+    )
     profile: Profile
-    # The roles this run applies, in deploy order (ironserve_roles: a list or "a,b"; default all).
-    roles: tuple[str, ...] = Field(alias="ironserve_roles")
+    roles: tuple[str, ...] = Field(
+        alias="ironserve_roles",
+        description='The roles this run applies, a list or "a,b" (kept in deploy order); `ironserve deploy --roles` '
+        "sets it for one run.",
+        json_schema_extra={"default_shown": "every role"},
+    )
     reboot_policy: RebootPolicy = Field(
         "defer",
         alias="ironserve_reboot_policy",
@@ -181,19 +189,3 @@ def check_roles_deployable(config: StackBase, registry: Registry[Any]) -> None:
 
 def lock_messages(host: str, violations: Iterable[LockViolation]) -> list[str]:
     return [f"host {host}: ironserve_lock: rule {v.rule} failed: {v.message}" for v in violations]
-
-
-def _default_text(field: FieldInfo) -> str:
-    if field.is_required():
-        return "required"
-    value = field.get_default(call_default_factory=True)
-    return "required" if value is None and "Required" in (field.description or "") else f"`{value!r}`"
-
-
-def key_table(settings: type[RoleSettings]) -> str:
-    """The Markdown table of a role's inventory keys (key, default, description), generated from its model."""
-    rows = ["| key | default | what it does |", "|---|---|---|"]
-    for field in settings.model_fields.values():
-        description = (field.description or "").replace("|", "\\|")
-        rows.append(f"| `{field.alias}` | {_default_text(field).replace('|', chr(92) + '|')} | {description} |")
-    return "\n".join(rows) + "\n"

@@ -21,36 +21,38 @@ class BiosSettings(RoleSettings):
         None,
         alias="bios_redfish_address",
         pattern=r"^https?://[\w.:\[\]-]+/?$",
-        description='The iDRAC\'s Redfish base URL, e.g. "https://10.0.0.21"; None skips the out-of-band BIOS '
-        "check (reported).",
+        description="The iDRAC's Redfish base URL (`https://10.0.0.21`); None: the BIOS is not checked out of "
+        "band (reported as skip).",
     )
     mode: Literal["check", "apply"] = Field(
         "check",
         alias="bios_mode",
-        description="check: report differences and fail the preflight; apply: PATCH Bios/Settings, schedule the "
-        "job, prove it.",
+        description="check: report differences and fail the preflight; apply: PATCH Bios/Settings, schedule "
+        "the Dell job, re-read and prove current == desired.",
     )
     reboot_policy: Literal["auto", "never"] = Field(
         "never",
         alias="bios_reboot_policy",
-        description="auto: ComputerSystem.Reset to apply pending settings; never: leave them pending (the "
-        "preflight fails).",
+        description="auto: ComputerSystem.Reset through the iDRAC to apply pending settings before the "
+        "preflight judges them; never: leave them pending (the preflight fails). A firmware "
+        "reset, separate from the OS reboot of ironserve_reboot_policy.",
     )
     credentials_file: str | None = Field(
         None,
         alias="bios_credentials_file",
-        description="A file outside the repository holding `user:password`; None reads the environment variables.",
+        description="A file outside the repository holding `user:password`; None: IRONSERVE_REDFISH_USER / "
+        "IRONSERVE_REDFISH_PASSWORD.",
     )
     verify_tls: bool = Field(
         True,
         alias="bios_verify_tls",
-        description="Verify the iDRAC's TLS certificate (turn off only for a factory self-signed certificate you "
-        "trust).",
+        description="Verify the iDRAC's TLS certificate (turn off only for a factory self-signed certificate "
+        "you trust).",
     )
     apply_timeout_s: int = Field(
         900,
         alias="bios_apply_timeout_s",
         gt=0,
         le=7200,
-        description="Seconds to wait for the BIOS to come back with the settings applied after a reset.",
+        description="Seconds to wait for the Dell job and the re-read after a reset.",
     )

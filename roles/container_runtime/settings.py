@@ -16,30 +16,32 @@ class ContainerRuntimeSettings(RoleSettings):
     packages: dict[PackageName, PackageVersion] = Field(
         default_factory=lambda: {"containerd": "1.6.20~ds1-1+deb12u3", "runc": "1.1.5+ds1-1+deb12u1"},
         alias="container_runtime_packages",
-        description="Debian packages, pinned to exact versions (apt preferences + hold): package -> version.",
+        description="Debian packages at exact versions: apt preferences (priority 1001, so apt also "
+        "downgrades), one install of the set, `apt-mark hold`.",
     )
     default_runtime: Literal["runc", "nvidia"] = Field(
         "runc",
         alias="container_runtime_default_runtime",
-        description="cri-nvidia-runtime: the runtime the CRI uses when a pod names none.",
+        description="cri-nvidia-runtime: containerd's `default_runtime_name`, the runtime a pod that names "
+        "none gets: runc or nvidia.",
     )
     nvidia_binary: str = Field(
         "/usr/bin/nvidia-container-runtime",
         alias="container_runtime_nvidia_binary",
         pattern=ABS_PATH,
-        description='cri-nvidia-runtime: the NVIDIA runtime binary registered as runtime "nvidia".',
+        description='cri-nvidia-runtime: `BinaryName` of the runtime "nvidia" (always registered).',
     )
     snapshotter: Literal["overlayfs", "devmapper"] = Field(
         "overlayfs",
         alias="container_runtime_snapshotter",
-        description="cri-devmapper-snapshotter (correction): overlayfs by default; devmapper needs a provisioned "
-        "thin-pool.",
+        description="cri-devmapper-snapshotter (correction): overlayfs by default; devmapper needs the "
+        "thin-pool below.",
     )
     devmapper_pool_name: str | None = Field(
         None,
         alias="container_runtime_devmapper_pool_name",
         pattern=r"^[\w.-]+$",
-        description="devmapper only: the LVM thin-pool's device-mapper name.",
+        description="devmapper only: the LVM thin-pool's device-mapper name; required when devmapper is chosen.",
     )
     devmapper_root_path: str = Field(
         "/var/lib/containerd/devmapper",
@@ -57,28 +59,29 @@ class ContainerRuntimeSettings(RoleSettings):
         "/opt/cni/bin",
         alias="container_runtime_cni_bin_dir",
         pattern=ABS_PATH,
-        description="CNI plugin binaries, where the Kubernetes network add-on installs them.",
+        description="CNI plugin binaries (created; the Kubernetes network add-on fills it).",
     )
     cni_conf_dir: str = Field(
         "/etc/cni/net.d",
         alias="container_runtime_cni_conf_dir",
         pattern=ABS_PATH,
-        description="CNI network configs, where the Kubernetes network add-on writes them.",
+        description="CNI network configs (created; the Kubernetes network add-on fills it).",
     )
     kernel_modules: tuple[Annotated[str, Field(pattern=r"^[a-z0-9_]+$")], ...] = Field(
         ("overlay", "br_netfilter"),
         alias="container_runtime_kernel_modules",
-        description="Kernel modules containers and Kubernetes need, loaded now and at every boot.",
+        description="Kernel modules containers and Kubernetes need: loaded now and listed in "
+        "/etc/modules-load.d/ironserve-containers.conf.",
     )
     sysctls: dict[str, str] = Field(
         default_factory=lambda: {"net.ipv4.ip_forward": "1", "net.bridge.bridge-nf-call-iptables": "1"},
         alias="container_runtime_sysctls",
-        description="Sysctls for pod networking, persisted in sysctl.d and applied live.",
+        description="Pod-networking sysctls: /etc/sysctl.d/91-ironserve-containers.conf, applied live.",
     )
     swap_off: bool = Field(
         True,
         alias="container_runtime_swap_off",
-        description="The kubelet refuses to start with swap on: turn it off and comment it out of /etc/fstab.",
+        description="The kubelet refuses swap: `swapoff -a` and the swap lines of /etc/fstab commented out.",
     )
 
     @field_validator("sysctls", mode="before")

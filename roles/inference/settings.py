@@ -43,21 +43,22 @@ class InferenceSettings(RoleSettings):
         None,
         alias="inference_pip_index_url",
         pattern=r"^(https?|file)://\S+$",
-        description="PEP 503 index the service's Python environment is installed from: the site's mirror of PyPI "
-        "and the PyTorch index (py-pip-official-index), or the lab's wheelhouse. Required.",
+        description="PEP 503 index of the site's PyPI/PyTorch mirror (py-pip-official-index; the lab: its "
+        "wheelhouse), masked in pyinfra's output. Required.",
     )
     requirements: Path | None = Field(
         None,
         alias="inference_requirements",
-        description="Hash-locked requirements of that environment (pip --require-hashes), a file on the deploy "
-        "machine: vLLM, torch and the service's dependencies (py-deps, py-torch-sha256). Required.",
+        description="Hash-locked requirements on the deploy machine (pip --require-hashes; lab: "
+        "ironserve/lab/files/requirements-cpu.lock): vLLM, torch and the service's dependencies "
+        "(py-deps, py-torch-sha256). Required.",
     )
     python: str = Field(
         "/usr/bin/python3",
         alias="inference_python",
         pattern=ABS_PATH,
-        description="The interpreter the environment is created from: the distribution's own Python, never conda "
-        "or pyenv.",
+        description="The interpreter the venv is created from: the distribution's own Python (Debian 12: "
+        "3.11; Ubuntu 22.04: 3.10), never conda or pyenv.",
     )
     venv: str = Field(
         "/opt/ironserve/venv",
@@ -74,14 +75,15 @@ class InferenceSettings(RoleSettings):
     model_source: Path | None = Field(
         None,
         alias="inference_model_source",
-        description="A sealed model version on the deploy machine (MANIFEST.sha256 + release.json, see "
-        "`ironserve-service seal`), uploaded to <models root>/<version>. Required.",
+        description="A sealed model version directory on the deploy machine (`ironserve-service seal DIR`: "
+        "MANIFEST.sha256 + release.json), uploaded to <models root>/<version>. Required.",
     )
     model_version: str | None = Field(
         None,
         alias="inference_model_version",
         pattern=r"^[\w.-]+$",
-        description="The version to serve: its directory name on the host. None: the source's release.json version.",
+        description="The version to serve: its directory name on the host and etcd's active value. None: the "
+        "source's release.json version.",
     )
     models_root: str | None = Field(
         None,
@@ -92,13 +94,15 @@ class InferenceSettings(RoleSettings):
     engine_environment: dict[str, str] = Field(
         default_factory=dict,
         alias="inference_engine_environment",
-        description="Environment of the engine units (e.g. VLLM_CPU_KVCACHE_SPACE for the CPU engine of the lab).",
+        description="`Environment=` of the engine units (lab: VLLM_CPU_KVCACHE_SPACE=1).",
     )
     service: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         alias="inference_service",
-        description="Overrides of /etc/ironserve/service.yaml by section (engine, readiness, exporter, quality, slo, "
-        "swap), validated by ironserve-service's own settings model; see service/service.example.yaml.",
+        description="Overrides of /etc/ironserve/service.yaml by section (see service/service.example.yaml), "
+        "validated by the service's own model; the layout keys (model_dir, engine_python, "
+        "models_root, run_dir, router_dir, colour_unit, envoy_binary, model_name) belong to the "
+        "role and are refused.",
     )
     prometheus: bool = Field(
         True,

@@ -20,15 +20,16 @@ class NvidiaSettings(RoleSettings):
         None,
         alias="nvidia_repo_url",
         pattern=r"^(https?|file)://\S+[^/]$",
-        description="Base URL of NVIDIA's CUDA apt repositories or the site's mirror of them; the role appends "
-        "`<distro>/x86_64/` (debian12, ubuntu2204). Required.",
+        description="Base URL of NVIDIA's CUDA repositories or the site's mirror; the role appends "
+        "`<os>/x86_64/` (flat repository: `deb [signed-by=...] URL/<os>/x86_64/ /`). Required.",
     )
     repo_key: str | None = Field(
         None,
         alias="nvidia_repo_key",
         min_length=1,
         description="Path on the deploy machine of the repository's signing key as a binary keyring "
-        "(cuda-archive-keyring.gpg, or `gpg --dearmor` of an .asc); installed as the `signed-by` key. Required.",
+        "(cuda-archive-keyring.gpg, or `gpg --dearmor` of an .asc); installed as "
+        "/usr/share/keyrings/ironserve-nvidia.gpg. Required.",
     )
     pin_priority: int = Field(
         1001,
@@ -41,7 +42,8 @@ class NvidiaSettings(RoleSettings):
         None,
         alias="nvidia_cuda_home",
         pattern=r"^/[\w./-]+$",
-        description="CUDA_HOME exported system-wide; None: /usr/local/cuda-<lock's CUDA major.minor>.",
+        description="CUDA_HOME in /etc/profile.d/cuda.sh and /etc/environment, and where /usr/local/cuda "
+        "links; None: /usr/local/cuda-<lock's X.Y>.",
     )
     kernel_headers: bool = Field(
         True,
@@ -62,7 +64,8 @@ class NvidiaSettings(RoleSettings):
     container_toolkit: bool = Field(
         True,
         alias="nvidia_container_toolkit",
-        description="Install the profile's NVIDIA container toolkit, pinned and held with the lock.",
+        description="Install the profile's container_toolkit packages, pinned and held with the lock; false "
+        "leaves them out.",
     )
     dkms: bool = Field(
         True,
@@ -74,8 +77,9 @@ class NvidiaSettings(RoleSettings):
         None,
         alias="nvidia_cuda_samples_url",
         pattern=r"^(https?|file)://\S+\.tar\.gz$",
-        description="URL of the NVIDIA/cuda-samples source tarball for the lock's CUDA line (or a mirror), "
-        "unpacked into /opt/cuda-samples-<X.Y> for deviceQuery; None: not staged.",
+        description="URL of the NVIDIA/cuda-samples tarball of the lock's CUDA line (GitHub's archive of tag "
+        "v11.8, or a mirror), unpacked into /opt/cuda-samples-<X.Y> for deviceQuery; None: not "
+        "staged.",
     )
     cuda_samples_sha256: str | None = Field(
         None,

@@ -26,8 +26,8 @@ class PreflightSettings(RoleSettings):
     overrides: tuple[Annotated[str, AfterValidator(_known_check)], ...] = Field(
         (),
         alias="preflight_overrides",
-        description='Named checks allowed to fail without stopping the host, e.g. ["psu-capacity"]; each is '
-        "reported as overridden.",
+        description='Named checks allowed to fail (reported as FAIL*), e.g. ["psu-capacity"]; unknown names '
+        "are refused.",
     )
     report_dir: str = Field(
         "reports/preflight",

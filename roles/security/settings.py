@@ -33,7 +33,7 @@ class SecuritySettings(RoleSettings):
         "ai-runner",
         alias="security_user",
         pattern=ACCOUNT,
-        description="sec-ai-runner-user: the system account the service runs as.",
+        description="sec-ai-runner-user: the system account the service runs as (uid < 1000); its password is locked.",
     )
     group: str = Field(
         "ai-runner",
@@ -50,62 +50,66 @@ class SecuritySettings(RoleSettings):
         "/srv/ai/models",
         alias="security_model_dir",
         pattern=ABS_PATH,
-        description="Model files: owned by root, readable by the service group only (0750).",
+        description="Model files, root:<group> 0750: the service reads models and cannot change them.",
     )
     state_dir: str = Field(
         "/var/lib/ai-service",
         alias="security_state_dir",
         pattern=ABS_PATH,
-        description="Service state (caches, compiled kernels): the service user only (0700).",
+        description="Service state (caches, compiled kernels), <user>:<group> 0700; also the account's home.",
     )
     log_dir: str = Field(
         "/var/log/ai-service",
         alias="security_log_dir",
         pattern=ABS_PATH,
-        description="Service logs: written by the service, readable by its group (0750).",
+        description="Service logs, <user>:<group> 0750.",
     )
     slice: str = Field(
         "ai-service.slice",
         alias="security_slice",
         pattern=r"^[\w-]+\.slice$",
-        description="cgroup-ai-service-memory-max: the slice every service unit runs in.",
+        description="cgroup-ai-service-memory-max: the slice service units run in (a dash is a level: cgroup "
+        "/ai.slice/ai-service.slice).",
     )
     memory_max: str = Field(
         "24G",
         alias="security_memory_max",
-        description="cgroup-ai-service-memory-max: the slice's memory ceiling (systemd MemoryMax=, K/M/G/T).",
+        description="cgroup-ai-service-memory-max: the slice's MemoryMax= (systemd syntax, K/M/G/T suffixes "
+        "base 1024).",
     )
     cpu_weight: int = Field(
         1000,
         alias="security_cpu_weight",
         ge=1,
         le=10000,
-        description="CPU weight of the slice against system.slice (default 100): the service wins under contention.",
+        description="The slice's CPUWeight= (system.slice has 100): the service wins under contention.",
     )
     device_allow: tuple[Annotated[str, Field(pattern=r"^/dev/nvidia[\w-]*$")], ...] = Field(
         ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidia1"),
         alias="security_device_allow",
-        description="cgroup-ai-service-devices-deny (correction): DevicePolicy=closed and only these NVIDIA nodes.",
+        description="cgroup-ai-service-devices-deny (correction): DevicePolicy=closed and one "
+        "`DeviceAllow=... rw` per node; only /dev/nvidia* accepted.",
     )
     capabilities: tuple[Annotated[str, Field(pattern=CAPABILITY)], ...] = Field(
         ("CAP_SYS_NICE",),
         alias="security_capabilities",
-        description="sec-cap-sys-nice (correction): the only capability, granted per service, never on the "
-        "interpreter.",
+        description="sec-cap-sys-nice (correction): AmbientCapabilities= and CapabilityBoundingSet= of the "
+        "service; root-equivalent capabilities are refused.",
     )
     service_units: tuple[Annotated[str, Field(pattern=UNIT_NAME)], ...] = Field(
         ("ai-service.service", "ai-service@.service"),
         alias="security_service_units",
         min_length=1,
-        description="Units that get the hardening drop-in (user, capabilities, seccomp filter, slice); "
-        "ai-service@.service is the blue/green engine template.",
+        description="Units that get /etc/systemd/system/<unit>.d/10-ironserve-security.conf (user, "
+        "capabilities, seccomp filter, slice); ai-service@.service is the blue/green engine "
+        "template (every colour).",
     )
     kubelet_seccomp_dir: str = Field(
         "/var/lib/kubelet/seccomp/profiles",
         alias="security_kubelet_seccomp_dir",
         pattern=ABS_PATH,
-        description="sec-seccomp-profile: where the kubelet reads Localhost profiles "
-        "(localhostProfile: profiles/ai-service.json).",
+        description="sec-seccomp-profile: where ai-service.json goes for the kubelet (localhostProfile: "
+        "profiles/ai-service.json).",
     )
 
     @field_validator("memory_max")
