@@ -73,7 +73,10 @@ S = TypeVar("S", bound=StackBase)
 
 @dataclass(frozen=True)
 class Role:
-    """One role as the registry lists it: its name (the prefix of its keys), settings model and entry point."""
+    """One role as the registry lists it: its name (the prefix of its keys), settings model and entry point.
+
+    `deploy` is the role's `@deploy`, called as `deploy(config=StackConfig, run=HostRun)` in registry order.
+    """
 
     name: str
     settings: type[RoleSettings]

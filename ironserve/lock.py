@@ -24,7 +24,8 @@ VersionText = Annotated[str, AfterValidator(_valid_version)]
 # Minimum Linux driver for each CUDA toolkit ("CUDA Toolkit and Corresponding Driver Versions",
 # Table 3 of the CUDA Toolkit release notes). We require the toolkit's own minimum rather than
 # relying on minor-version compatibility, because that excludes PTX JIT, which Triton-based
-# engines need: seed 000 saw torch report no GPU with CUDA 12.1 on driver 525.85.02.
+# engines need (CUDA Compatibility guide, "Minor Version Compatibility" limitations); the R740 build notes this
+# project follows saw torch report no GPU with CUDA 12.1 on driver 525.85.02.
 CUDA_MINIMUM_DRIVER: dict[str, str] = {
     "11.7": "515.43.04",
     "11.8": "520.61.05",
@@ -38,8 +39,9 @@ CUDA_MINIMUM_DRIVER: dict[str, str] = {
     "13.0": "580.65.06",
 }
 
-# Drivers known bad for this stack: seed 003 reports a context-switch bug in 525.60.13 on A100.
-FORBIDDEN_DRIVERS: dict[str, str] = {"525.60.13": "context-switch bug reported on A100 (seed 003)"}
+# Drivers known bad for this stack: the A100 build notes behind the a100-cuda117 profile report a context-switch
+# bug in 525.60.13.
+FORBIDDEN_DRIVERS: dict[str, str] = {"525.60.13": "context-switch bug reported on A100 (the A100 build notes)"}
 
 # Engine builds that exist per CUDA line, for the "what would work" hint. vLLM publishes
 # CUDA 11.8 wheels up to 0.6.1.post1 (vLLM 0.6.x installation docs); current releases ship

@@ -89,8 +89,8 @@ def _gate(state: State, host: Any, config: StackConfig, observed: HostObservatio
 
 
 @operation()
-def preflight_gate(config: StackConfig, observed: HostObservation, run: HostRun, failing: tuple[str, ...]) -> Commands:
-    """Stop this host unless every check passes (or is overridden); `failing` names the checks failing now."""
+def preflight_gate(config: StackConfig, observed: HostObservation, run: HostRun) -> Commands:
+    """Stop this host unless every check passes (or is overridden), judged when the operation executes."""
     yield FunctionCommand(_gate, (config, observed, run), {})
 
 
@@ -110,5 +110,4 @@ def preflight(config: StackConfig, run: HostRun) -> None:
         config=config,
         observed=observed,
         run=run,
-        failing=tuple(c.name for c in report.failures),
     )

@@ -1,7 +1,7 @@
 """Acceptance: the hardware the stack runs on (catalog area bios_hardware; roles/preflight, roles/bios).
 
 Read on the host with the commands an admin runs on an R740 (dmidecode, lscpu, lspci, sysfs, nvidia-smi).
-Checks that need the NVIDIA driver skip, saying so, until it is installed (issue 4).
+Checks that need the NVIDIA driver skip, saying so, until it is installed (roles/nvidia).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _serving(host: Any, spec: HardwareSpec) -> list[PciDevice]:
 
 def _nvidia_smi(host: Any, args: str) -> str:
     if not host.exists("nvidia-smi"):
-        pytest.skip("nvidia-smi is not installed yet (the NVIDIA driver role, issue 4, brings it)")
+        pytest.skip("nvidia-smi is not installed yet (roles/nvidia brings it)")
     result = host.run(f"nvidia-smi {args}")
     assert result.succeeded, result.stderr
     return str(result.stdout)
