@@ -1,4 +1,4 @@
-"""The `ironserve` command: lab, deploy, verify, coverage, lock."""
+"""The `ironserve` command: lab, validate, deploy, verify, coverage, lock."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ironserve import verify
 from ironserve.config import StackBase, lock_messages
 from ironserve.inventory import InventoryHost, load_inventory, validate_inventory
 from ironserve.lock import check_lock
-from ironserve.paths import REPO_ROOT
+from ironserve.paths import CHECKOUT
 from ironserve.profiles import available_profiles, read_profile
 from ironserve.registry import registry
 
@@ -31,9 +31,16 @@ def _validated(
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    # The lab is a development tool: imported only when asked for, never by deploy, verify or lock.
-    from ironserve.lab import hardware, manager
-    from ironserve.lab import state as lab_state
+    # The lab is a development tool: imported only when asked for, never by deploy, verify or lock,
+    # and not in the admin's install (setup.py leaves it out of the wheel).
+    try:
+        from ironserve.lab import hardware, manager
+        from ironserve.lab import state as lab_state
+    except ModuleNotFoundError as exc:
+        if exc.name != "ironserve.lab":
+            raise
+        print("ironserve: the lab is in the development install only: `make setup` in a checkout", file=sys.stderr)
+        return 2
 
     if args.lab_command == "up":
         profile = args.profile or hardware.DEFAULT_PROFILE
@@ -56,14 +63,45 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    hosts, configs = _validated(args.inventory, {"ironserve_roles": args.roles} if args.roles else {})
+    for host in hosts:
+        config = configs[host.name]
+        print(f"{host.name}\t{config.profile_name}\t{','.join(config.roles)}")
+    print(f"{args.inventory}: {len(hosts)} hosts valid, no host was contacted", file=sys.stderr)
+    return 0
+
+
+def deploy_file(explicit: str | None) -> str:
+    """The pyinfra deploy file `ironserve deploy` runs: --deploy-file, else the checkout's deploy.py.
+
+    The checkout is the one ironserve runs from (dev venv) or was installed from (`pip install .`,
+    `pipx install .`): its deploy.py goes with the roles installed from it.
+    """
+    if explicit:
+        if not Path(explicit).is_file():
+            raise FileNotFoundError(f"deploy file {explicit} does not exist")
+        return explicit
+    if CHECKOUT is None:
+        raise FileNotFoundError(
+            "ironserve was not installed from a checkout: pass --deploy-file CHECKOUT/deploy.py "
+            "(or install with `pip install CHECKOUT`)"
+        )
+    return str(CHECKOUT / "deploy.py")
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     override = {"ironserve_roles": args.roles} if args.roles else {}
     _validated(args.inventory, override)
-    # pyinfra from this interpreter's environment, whether or not that environment is on PATH.
+    deploy = deploy_file(args.deploy_file)
+    # pyinfra from this interpreter's environment, whether or not that environment is on PATH; -P: with
+    # the installed ironserve and roles, never same-named folders of the current directory. It runs in
+    # the current directory, where the inventory's relative paths (site files) were just validated.
     limits = [arg for name in args.limit or [] for arg in ("--limit", name)]
     data = [arg for key, value in override.items() for arg in ("--data", f"{key}={value}")]
     argv = [
         sys.executable,
+        "-P",
         "-m",
         "pyinfra",
         "-y",
@@ -71,9 +109,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         *data,
         *args.pyinfra_args,
         args.inventory,
-        str(REPO_ROOT / "deploy.py"),
+        deploy,
     ]
-    return subprocess.call(argv, cwd=REPO_ROOT)
+    return subprocess.call(argv)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -87,7 +125,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
-    from ironserve import coverage  # runs pytest's collection: needs the test extra
+    if CHECKOUT is None:
+        print("ironserve: coverage collects the checkout's tests: run it from a checkout", file=sys.stderr)
+        return 2
+    from ironserve import coverage  # runs pytest's collection of the whole checkout
 
     entries = coverage.catalog()
     tagged = coverage.tagged_tests()
@@ -127,8 +168,18 @@ def parser() -> argparse.ArgumentParser:
     down.add_argument("hosts", nargs="*", help="stop only these hosts")
     lab.set_defaults(func=cmd_lab)
 
+    validate = sub.add_parser(
+        "validate", help="load and validate an inventory, print each host's profile and roles (no host is contacted)"
+    )
+    validate.add_argument("inventory")
+    validate.add_argument("--roles", help="validate only these roles, comma-separated (default: all, in order)")
+    validate.set_defaults(func=cmd_validate)
+
     deploy = sub.add_parser("deploy", help="validate the inventory, then run deploy.py with pyinfra")
     deploy.add_argument("inventory")
+    deploy.add_argument(
+        "--deploy-file", help="the pyinfra deploy file (default: deploy.py of the checkout ironserve is installed from)"
+    )
     deploy.add_argument("--limit", action="append", help="deploy only this host (repeatable)")
     deploy.add_argument("--roles", help="apply only these roles, comma-separated (default: all, in order)")
     deploy.add_argument("pyinfra_args", nargs=argparse.REMAINDER, help="passed to pyinfra, e.g. -v")
@@ -136,7 +187,7 @@ def parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("verify", help="run the acceptance gate against an inventory's hosts")
     check.add_argument("inventory")
-    check.add_argument("--reports", default=str(REPO_ROOT / "reports"), help="folder for per-host JSON reports")
+    check.add_argument("--reports", default="reports", help="folder for per-host JSON reports (default: ./reports)")
     check.add_argument("--limit", action="append", help="verify only this host (repeatable)")
     check.add_argument(
         "--roles", help="check only these roles' invariants, comma-separated (default: the host's roles)"

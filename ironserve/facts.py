@@ -5,6 +5,7 @@ Small and typed, each with a pure `process()` tested on output captured on real 
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,6 +13,26 @@ from dataclasses import dataclass
 from pyinfra.api.facts import FactBase
 
 from ironserve.packages import distro_key
+
+# A section marker a fact's command prints between the commands it chains: `echo '== name'`.
+SECTION_MARKER = re.compile(r"^== (?P<name>[\w.-]+)\s*$")
+
+
+def sections(lines: Iterable[str]) -> dict[str, list[str]]:
+    """Output of commands chained with `echo '== name'` markers -> each name's lines, verbatim and in order.
+
+    Lines before the first marker belong to no section and are dropped; a name that appears again continues
+    its section. A marker of a section whose command printed nothing still names an empty section.
+    """
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        marker = SECTION_MARKER.match(line)
+        if marker:
+            current = found.setdefault(marker["name"], [])
+        elif current is not None:
+            current.append(line)
+    return found
 
 
 @dataclass(frozen=True)
@@ -66,9 +87,18 @@ class OsDistro(FactBase[str]):
         return parse_os_release(list(output))
 
 
+# NVIDIA names these distributions' repository directories by the major version alone (rhel9 for RHEL 9.6):
+# https://developer.download.nvidia.com/compute/cuda/repos/ lists rhel8, rhel9 beside debian12 and ubuntu2204.
+MAJOR_ONLY = {"rhel"}
+
+
 def parse_os_release(lines: list[str]) -> str:
-    fields = " ".join(lines).split()
-    return distro_key(fields[0], fields[1] if len(fields) > 1 else "")
+    """`ID VERSION_ID` as the fact's command echoes them -> `debian12`; only the ID when there is no VERSION_ID
+    (Debian testing and sid), which no profile pins packages for."""
+    os_id, version, *_ = [*" ".join(lines).split(), "", ""]
+    if os_id in MAJOR_ONLY:
+        version = version.split(".")[0]
+    return distro_key(os_id, version)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,6 @@ from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
 from ironserve.config import ConfigError, Registry, StackBase, build_config, check_roles_deployable
-from ironserve.paths import REPO_ROOT
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,10 @@ def load_inventory(path: str, override: dict[str, str] | None = None) -> list[In
     """The inventory's hosts and data, without connecting; `override` wins like pyinfra's --data."""
     if not Path(path).exists():
         raise FileNotFoundError(f"inventory file {path} does not exist")
-    # pyinfra's loader records the file it executes on the current State: give it one (as its CLI does).
+    # pyinfra's loader records the file it executes on the current State: give it one (as its CLI does),
+    # and the current directory, where pyinfra (and `ironserve deploy`) looks for group_data/ too.
     with ctx_state.use(State()):
-        inventory = make_inventory(path, cwd=str(REPO_ROOT))
+        inventory = make_inventory(path, cwd=os.getcwd())
     return [
         InventoryHost(name=host.name, groups=tuple(host.groups), data={**host.data.dict(), **(override or {})})
         for host in inventory

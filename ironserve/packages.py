@@ -18,7 +18,7 @@ COMPONENTS = ("driver", "cuda", "cudnn", "tensorrt", "container_toolkit")
 AptPackages = dict[str, dict[str, dict[PackageName, PackageVersion]]]
 
 
-def _expected(lock: StackLock, component: str) -> tuple[str, str] | None:
+def expected_version(lock: StackLock, component: str) -> tuple[str, str] | None:
     """(prefix, suffix) every package version of `component` must have, or None when the lock has none."""
     if component == "driver":
         return f"{lock.driver}-", ""
@@ -46,7 +46,7 @@ def package_violations(lock: StackLock, packages: AptPackages | None) -> list[Lo
                     )
                 )
                 continue
-            expected = _expected(lock, component)
+            expected = expected_version(lock, component)
             for name, version in pins.items():
                 if expected is None:
                     violations.append(

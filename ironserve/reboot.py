@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from io import StringIO
 from typing import Any, Literal
 
+from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.api.state import State
-from pyinfra.context import host
+from pyinfra.context import host, state
 from pyinfra.operations import files, server
 
 from ironserve.facts import ContainerKind
@@ -71,6 +72,8 @@ def reboot_for_needs(checks: tuple[RebootCheck, ...], policy: RebootPolicy, time
         host.noop("no role needs a reboot")
         return
     shown = "; ".join(f"{need.role}: {need.reason}" for need in needs)
+    if state.is_executing:  # the body also runs to plan the deploy; say it once, whatever the policy
+        logger.info(f"{host.print_prefix}reboot needed ({policy}): {shown}")
     if policy == "never":
         host.noop(f"reboot needed ({shown}), but ironserve_reboot_policy is never")
         return

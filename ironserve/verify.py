@@ -17,7 +17,10 @@ from ironserve.config import StackBase
 from ironserve.inventory import InventoryHost
 from ironserve.paths import REPO_ROOT
 
-ACCEPTANCE_DIR = REPO_ROOT / "tests" / "acceptance"
+# The gate ships with ironserve as ironserve.acceptance (setup.py maps it from tests/acceptance): installed
+# (`pip install .`) it lies beside this file; the dev venv's editable install reads the checkout's folder.
+_INSTALLED = Path(__file__).resolve().parent / "acceptance"
+ACCEPTANCE_DIR = _INSTALLED if (_INSTALLED / "conftest.py").is_file() else REPO_ROOT / "tests" / "acceptance"
 
 
 def ssh_config(hosts: list[InventoryHost], control_dir: Path) -> str:
@@ -54,8 +57,10 @@ def run(hosts: list[InventoryHost], configs: dict[str, StackBase], report_dir: P
         stack_file.write_text(
             json.dumps({name: c.model_dump(mode="json", by_alias=True) for name, c in configs.items()})
         )
+        # -P: the installed ironserve and roles, never a same-named folder of the current directory.
         argv = [
             sys.executable,
+            "-P",
             "-m",
             "pytest",
             *acceptance_files({h.name: configs[h.name] for h in hosts}),
@@ -68,4 +73,4 @@ def run(hosts: list[InventoryHost], configs: dict[str, StackBase], report_dir: P
             "-q",
             *pytest_args,
         ]
-        return subprocess.call(argv, cwd=REPO_ROOT)
+        return subprocess.call(argv)

@@ -28,12 +28,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-stamp="$VENV/.ironserve-$(cat pyproject.toml service/pyproject.toml | sha256sum | cut -c1-16)"
+stamp="$VENV/.ironserve-$(cat pyproject.toml setup.py service/pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
   echo "setup: building the virtual environment in $VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e './service[test]' -e '.[test,service]'
+  # Two steps: ironserve depends on `ironserve-service @ file://.../service` (setup.py), which pip will not
+  # merge with an editable ./service in one resolution. The second step makes the service editable.
+  "$VENV/bin/pip" install -q -e '.[test]'
+  "$VENV/bin/pip" install -q -e './service[test]'
   rm -f "$VENV"/.ironserve-*
   touch "$stamp"
 fi

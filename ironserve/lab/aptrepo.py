@@ -76,6 +76,20 @@ NVCC_BUILD = {
     "11.7": ("V11.7.99", "Wed_Jun__8_16:49:14_PDT_2022", "cuda_11.7.r11.7/compiler.31442593_0", "11.7.99"),
     "12.2": ("V12.2.140", "Tue_Aug_15_22:02:13_PDT_2023", "cuda_12.2.r12.2/compiler.33191640_0", "12.2.140"),
 }
+# version.json's `cuda.version` ("CUDA SDK") in these toolkits is date-stamped, not the release: CUDA 11.8.0 writes
+# 11.8.20220929 and 12.2.2 writes 12.2.20230823 (as real /usr/local/cuda/version.json files show; newer toolkits
+# write the release, 13.0.2). 11.7.1's stamp keeps the format, its date is not taken from a real file.
+CUDA_SDK_VERSION = {"11.8.0": "11.8.20220929", "11.7.1": "11.7.20220802", "12.2.2": "12.2.20230823"}
+
+
+def cuda_version_json(version: str, cudart: str) -> str:
+    """<cuda_home>/version.json as NVIDIA writes it: components sorted, three-space indent, `"key" : value`."""
+    components = {
+        "cuda": {"name": "CUDA SDK", "version": CUDA_SDK_VERSION[version]},
+        "cuda_cudart": {"name": "CUDA Runtime (cudart)", "version": cudart},
+        "cuda_nvcc": {"name": "CUDA NVCC", "version": cudart},
+    }
+    return json.dumps(components, indent=3, separators=(",", " : "), sort_keys=True) + "\n"
 
 
 def _library(name: str, version: str, soname: str) -> tuple[Files, dict[str, str]]:
@@ -426,14 +440,9 @@ def cuda_toolkit_package(version: str) -> StandinPackage:
         f"Copyright (c) 2005-{built_on[-4:]} NVIDIA Corporation\nBuilt on {built_on}\n"
         f"Cuda compilation tools, release {major_minor}, {nvcc_release}\nBuild {build}\nEOF\n"
     )
-    version_json = {
-        "cuda": {"name": "CUDA SDK", "version": version},
-        "cuda_cudart": {"name": "CUDA Runtime (cudart)", "version": cudart},
-        "cuda_nvcc": {"name": "CUDA NVCC", "version": cudart},
-    }
     major, minor = (int(p) for p in major_minor.split("."))
     files: Files = {
-        f"{root}/version.json": (json.dumps(version_json, indent=3) + "\n", 0o644),
+        f"{root}/version.json": (cuda_version_json(version, cudart), 0o644),
         f"{root}/bin/nvcc": (nvcc, 0o755),
         f"{root}/include/cuda_runtime_api.h": (f"#define CUDART_VERSION {major * 1000 + minor * 10}\n", 0o644),
         f"{root}/lib64/libcudart.so.{cudart}": (f"ironserve lab stand-in (SONAME libcudart.so.{major}.0)\n", 0o644),

@@ -27,7 +27,7 @@ PCI_NAMES = {
     "NVIDIA A100": ("20f1", "GA100 [A100 PCIe 40GB]"),
     "Tesla P4": ("1bb3", "GP104GL [Tesla P4]"),
 }
-DMI_HEADER = "# dmidecode 3.4\nGetting SMBIOS data from sysfs.\nSMBIOS 3.2.0 present.\n"
+DMI_HEADER = "# dmidecode 3.4\nGetting SMBIOS data from sysfs.\nSMBIOS 3.2.0 present.\nTable at 0x68D2F000.\n"
 
 
 def load(hardware: Path = HARDWARE, bios: Path = BIOS) -> dict[str, Any]:
@@ -44,6 +44,50 @@ def _bus(address: str) -> int:
     return int(address.split(":")[1], 16)
 
 
+def _sort_key(address: str) -> tuple[int, ...]:
+    """lspci's order: domain, bus, device, function as numbers (domain 10000 after 0000, not by text)."""
+    domain, bus, slot = address.split(":")
+    device, function = slot.split(".")
+    return int(domain, 16), int(bus, 16), int(device, 16), int(function)
+
+
+# Skylake-SP's Intel VMD (Volume Management Device, 8086:201d at 05.5 of each CPU's PCIe stack) owns the NVMe
+# drives behind it: Linux's vmd driver puts them in a PCI domain of its own, 10000 and up
+# (drivers/pci/controller/vmd.c), which lspci prints with five digits, after every domain-0 device: right after
+# the last GPU.
+VMD_DEVICES: list[tuple[str, str, list[str]]] = [
+    (
+        "0000:5d:05.5",
+        "RAID bus controller: Intel Corporation Volume Management Device NVMe RAID Controller (rev 07)",
+        ["NUMA node: 0", "Kernel driver in use: vmd"],
+    ),
+    (
+        "10000:00:02.0",
+        "PCI bridge: Intel Corporation Sky Lake-E PCI Express Root Port C (rev 07) (prog-if 00 [Normal decode])",
+        [
+            "Bus: primary=00, secondary=01, subordinate=01, sec-latency=0",
+            "Capabilities: [40] Express (v2) Root Port (Slot+), MSI 00",
+            "\tLnkCap:\tPort #11, Speed 8GT/s, Width x4, ASPM not supported",
+            "\tLnkSta:\tSpeed 8GT/s (ok), Width x4 (ok)",
+            "\t\tTrErr- Train- SlotClk+ DLActive+ BWMgmt- ABWMgmt-",
+            "Kernel driver in use: pcieport",
+        ],
+    ),
+    (
+        "10000:01:00.0",
+        "Non-Volatile memory controller: Intel Corporation NVMe Datacenter SSD [3DNAND, Beta Rock Controller] "
+        "(prog-if 02 [NVM Express])",
+        [
+            "Region 0: Memory at e4010000 (64-bit, non-prefetchable) [size=16K]",
+            "Capabilities: [60] Express (v2) Endpoint, MSI 00",
+            "\tLnkCap:\tPort #0, Speed 8GT/s, Width x4, ASPM not supported",
+            "\tLnkSta:\tSpeed 8GT/s (ok), Width x4 (ok)",
+            "Kernel driver in use: nvme",
+        ],
+    ),
+]
+
+
 def _link(speed: float, width: int, cap: dict[str, Any] | None) -> str:
     if cap is None:
         return f"Speed {speed:g}GT/s, Width x{width}"
@@ -53,7 +97,8 @@ def _link(speed: float, width: int, cap: dict[str, Any] | None) -> str:
 
 
 def _devices(profile: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
-    """(address, description, detail lines) for a host bridge, and a root port plus a GPU per slot."""
+    """(address, description, detail lines) for a host bridge, a root port plus a GPU per slot, and the NVMe
+    drive behind the VMD controller, in lspci's order."""
     above_4g = profile.get("bios_attributes", {}).get("MmioAbove4Gb", "Enabled") == "Enabled"
     devices: list[tuple[str, str, list[str]]] = [
         ("0000:00:00.0", "Host bridge: Intel Corporation Sky Lake-E DMI3 Registers (rev 07)", [])
@@ -117,7 +162,7 @@ def _devices(profile: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
                 ],
             )
         )
-    return sorted(devices, key=lambda d: d[0])
+    return sorted(devices + VMD_DEVICES, key=lambda d: _sort_key(d[0]))
 
 
 def lspci(profile: dict[str, Any], argv: Sequence[str]) -> str:
@@ -129,13 +174,16 @@ def lspci(profile: dict[str, Any], argv: Sequence[str]) -> str:
             vendor = value.split(":")[0].lower()
         elif flag == "-s":
             slot = value.lower()
+    devices = _devices(profile)
+    # Without -D lspci still prints every domain once any device is outside domain 0 (pciutils lspci.c).
+    domains = domains or any(not address.startswith("0000:") for address, _, _ in devices)
     out = []
-    for address, description, details in _devices(profile):
+    for address, description, details in devices:
         if vendor and (vendor != "10de" or "NVIDIA" not in description):
             continue
         if slot and not (address == slot or address.endswith(slot)):
             continue
-        out.append(f"{address if domains else address[5:]} {description}")
+        out.append(f"{address if domains else address.split(':', 1)[1]} {description}")
         if verbose:
             out.extend("\t" + line for line in details)
             out.append("")
@@ -157,13 +205,17 @@ def _system_block(profile: dict[str, Any]) -> str:
 
 
 def _psu_blocks(profile: dict[str, Any]) -> str:
+    """Type-39 records as a real R740's firmware fills them (dmidecode 3.4): the name padded with spaces to its
+    field width, no Power Unit Group, status and type Unknown."""
     blocks = []
     for index, psu in enumerate(profile["power_supplies"]):
+        name = f"PWR SPLY,{psu['capacity_w']}W,RDNT,DELTA".ljust(30)
         blocks.append(
-            f"Handle 0x{0x2700 + index:04X}, DMI type 39, 22 bytes\nSystem Power Supply\n\tPower Unit Group: 1\n"
-            f"\tLocation: Not Specified\n\tName: PWR SPLY,{psu['capacity_w']}W,RDNT,DELTA\n\tManufacturer: DELL\n"
-            f"\tMax Power Capacity: {psu['capacity_w']} W\n\tStatus: Present, OK\n\tType: Switching\n"
-            "\tPlugged: Yes\n\tHot Replaceable: Yes\n"
+            f"Handle 0x{0x2700 + index:04X}, DMI type 39, 22 bytes\nSystem Power Supply\n"
+            f"\tLocation: Not Specified\n\tName: {name}\n\tManufacturer: DELL\n\tSerial Number: --\n"
+            "\tAsset Tag: --\n\tModel Part Number: 0Y26KXA00\n\tRevision: Not Specified\n"
+            f"\tMax Power Capacity: {psu['capacity_w']} W\n\tStatus: Present, Unknown\n\tType: Unknown\n"
+            "\tInput Voltage Range Switching: Unknown\n\tPlugged: Yes\n\tHot Replaceable: Yes\n"
         )
     return "\n".join(blocks)
 

@@ -76,7 +76,6 @@ def _apply_now(state: State, host: object, settings: BiosSettings, desired: dict
 @operation()
 def bios_attributes(settings: BiosSettings, desired: dict[str, str], run: HostRun) -> Commands:
     """Apply `desired` through Redfish (some differ now); the preflight gate judges the result."""
-    run.bios_changing = True
     yield FunctionCommand(_apply_now, (settings, desired, run), {})
 
 
@@ -103,6 +102,8 @@ def bios(config: StackConfig, run: HostRun) -> None:
         shown = ", ".join(f"{k}={state.attributes.get(k, 'absent')} (want {v})" for k, v in differing.items())
         host.noop(f"BIOS differs, bios_mode is check: {shown}")
     else:
+        # Said now, while operations are prepared: the preflight decides then whether to re-read the hardware.
+        run.bios_changing = True
         bios_attributes(
             name="Apply BIOS attributes through Redfish", settings=settings, desired=dict(spec.bios_attributes), run=run
         )

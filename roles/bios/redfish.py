@@ -242,7 +242,9 @@ def apply(
             response = client.request("POST", JOBS, {"TargetSettingsURI": BIOS_SETTINGS})
             result.job = _job_id(response.headers.get("Location")) or "scheduled"
         except RedfishError as exc:
-            if "already" not in str(exc).lower():
+            # iDRAC's SYS011 "Pending configuration values are already committed": the PATCH scheduled the job
+            # itself. Any other refusal (RAC0679 "A job operation is already running": someone else's) is an error.
+            if "already committed" not in str(exc):
                 raise
             result.job = "already scheduled"
     if reboot:

@@ -34,5 +34,5 @@ class ServingStatus(FactBase[dict[str, Any] | None]):
         return f"if [ -x {cli} ] && [ -f {config} ]; then {cli} status --config {config}; fi; true"
 
     def process(self, output: Iterable[str]) -> dict[str, Any] | None:
-        text = "".join(output).strip()
-        return json.loads(text.splitlines()[-1]) if text else None
+        lines = [line for line in output if line.strip()]  # a line logged before it: the status is the last
+        return json.loads(lines[-1]) if lines else None

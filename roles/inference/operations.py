@@ -40,7 +40,7 @@ def locked_environment(venv: str, python: str, lock: str, pins: dict[str, str], 
         )
         yield StringCommand(
             pip, "install", "--quiet", "--disable-pip-version-check", "--require-hashes", "--no-deps",
-            "--index-url", QuoteString(HiddenValue(index_url)), *trust, "-r", QuoteString(lock),  # type: ignore[no-untyped-call]
+            "--index-url", QuoteString(HiddenValue(index_url)), *trust, "-r", QuoteString(lock),
         )  # fmt: skip
 
 

@@ -17,9 +17,8 @@ from typing import Any
 import yaml
 from ironserve_service.settings import COLOURS, ServiceSettings
 
-from ironserve.paths import REPO_ROOT, cache_dir
+from ironserve.paths import CHECKOUT, cache_dir, installed_from
 
-SERVICE_SOURCE = REPO_ROOT / "service"
 # name==version at the start of a requirements line (continuation lines carry the hashes).
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 # Installed by venv itself, or by this role from its own wheel: not in the lock, never removed.
@@ -51,8 +50,23 @@ def _source_digest(root: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def service_wheel(source: Path = SERVICE_SOURCE) -> tuple[Path, str]:
-    """The ironserve-service wheel for these sources, built once per change; (wheel, source digest)."""
+def service_source() -> Path:
+    """The ironserve-service sources the host's wheel is built from: those of the installed distribution
+    (whose settings model validated the inventory), as PEP 610 records them for `pip install [-e] DIR`,
+    else the checkout's service/."""
+    for source in (installed_from("ironserve-service"), CHECKOUT and CHECKOUT / "service"):
+        if source and (source / "pyproject.toml").is_file() and (source / "src").is_dir():
+            return source
+    raise FileNotFoundError(
+        "no ironserve-service sources: install ironserve from its checkout (pip install CHECKOUT), "
+        "which installs ./service from there"
+    )
+
+
+def service_wheel(source: Path | None = None) -> tuple[Path, str]:
+    """The ironserve-service wheel for these sources (default: service_source()), built once per change;
+    (wheel, source digest)."""
+    source = source or service_source()
     digest = _source_digest(source)
     target = cache_dir() / "service-wheels" / digest
     wheels = sorted(target.glob("ironserve_service-*.whl"))

@@ -120,7 +120,7 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
         )
     runfile = settings.driver_method == "runfile"
 
-    refuse_secure_boot(name="Secure Boot gate")
+    refuse_secure_boot(name="Secure Boot gate", shim_validation_disabled=settings.shim_validation_disabled)
     if settings.kernel_headers:
         kernel_headers(name="Kernel headers for the running and installed kernels", driver=lock.driver)
     _repository(config, distro, pins)
@@ -137,7 +137,9 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
     pinned_install(name="Install the locked NVIDIA packages", pins=pins)
     held(name="Hold the locked NVIDIA packages", names=list(pins))
     apt_driver = tuple((config.profile.packages or {}).get(distro, {}).get("driver", {}))
-    remove_strays(name="Remove NVIDIA packages beside the lock", keep=list(pins), also=apt_driver if runfile else ())
+    remove_strays(
+        name="Remove NVIDIA packages beside the lock", keep=list(pins), lock=lock, also=apt_driver if runfile else ()
+    )
     if runfile:
         _runfile(config)
     if settings.dkms:

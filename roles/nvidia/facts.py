@@ -1,14 +1,14 @@
 """Facts the nvidia role reads, each with a pure, unit-tested parser.
 
-- `OsDistro`: NVIDIA's repository directory name for the host's OS (`debian12`, `ubuntu2204`).
-- `DpkgPackages`: installed packages matching names or globs -> version and hold state.
-- `SecureBoot`: `enabled` / `disabled` / `unknown` (mokutil, else the EFI variable).
+- `SecureBoot`: `enabled` / `validation-disabled` / `disabled` / `unknown` (mokutil, else the EFI variables).
 - `StaleInitrds`: initrd images older than a file (the nouveau blacklist): they need rebuilding.
-- `NvidiaStack`: what is on disk and what nvidia-smi reports, compared by `stack_problems` with the lock.
+- `NvidiaStack`: what is on disk, in dpkg and what nvidia-smi reports, compared by `stack_problems` with the lock.
 - `DkmsKernels`: installed kernels (an image in /boot and a /lib/modules tree) and where DKMS built the module.
 - `LoadedModule`: the loaded nvidia kernel module's version (or none) and whether nouveau is loaded.
 - `CudaSamples`: the SHA-256 recorded when the cuda-samples source was unpacked.
 - `RunfileDriver`: the driver a runfile installed (`nvidia-installer --version`) and the options it ran with.
+
+The OS (`OsDistro`) and dpkg's packages (`DpkgPackages`) are shared facts in ironserve/facts.py.
 """
 
 from __future__ import annotations
@@ -22,12 +22,18 @@ from dataclasses import dataclass, field
 
 from pyinfra.api.facts import FactBase
 
+from ironserve.facts import parse_dpkg_query, sections
+
 SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+# shim mirrors MokSBState (validation disabled by `mokutil --disable-validation`) into this runtime variable; the
+# kernel then treats Secure Boot as off (drivers/firmware/efi/libstub/secureboot.c), so unsigned modules load.
+MOK_SB_STATE_EFIVAR = "/sys/firmware/efi/efivars/MokSBStateRT-605dab50-e046-4300-abb6-3dd810dd8b23"
 CUDNN_HEADERS = ("/usr/include/cudnn_version.h", "/usr/include/x86_64-linux-gnu/cudnn_version_v8.h")
 
 
 class SecureBoot(FactBase[str]):
-    """UEFI Secure Boot: `enabled`, `disabled` or `unknown` (no mokutil, no EFI variables: e.g. BIOS boot)."""
+    """UEFI Secure Boot: `enabled` (enforcing), `validation-disabled` (enabled, but shim does not validate what it
+    loads), `disabled`, or `unknown` (no mokutil, no EFI variables: e.g. BIOS boot)."""
 
     @staticmethod
     def default() -> str:
@@ -36,7 +42,8 @@ class SecureBoot(FactBase[str]):
     def command(self) -> str:
         return (
             "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
-            f"else od -An -tu1 {SECURE_BOOT_EFIVAR} 2>/dev/null | awk '{{print \"efivar\", $NF}}'; fi; true"
+            f"else od -An -tu1 {SECURE_BOOT_EFIVAR} 2>/dev/null | awk '{{print \"efivar\", $NF}}'; "
+            f"[ -e {MOK_SB_STATE_EFIVAR} ] && echo efivar-moksbstate; fi; true"
         )
 
     def process(self, output: Iterable[str]) -> str:
@@ -44,10 +51,16 @@ class SecureBoot(FactBase[str]):
 
 
 def parse_secure_boot(lines: list[str]) -> str:
-    text = " ".join(lines).strip()
-    if re.search(r"SecureBoot enabled", text) or text == "efivar 1":
+    """`mokutil --sb-state` (a second line `SecureBoot validation is disabled in shim` when shim does not
+    validate; `Platform is in Setup Mode` after `SecureBoot disabled`), or the EFI variables without mokutil."""
+    stripped = [line.strip() for line in lines]
+    text = "\n".join(stripped)
+    enabled = "SecureBoot enabled" in text or "efivar 1" in stripped
+    if enabled and ("SecureBoot validation is disabled in shim" in text or "efivar-moksbstate" in stripped):
+        return "validation-disabled"
+    if enabled:
         return "enabled"
-    if re.search(r"SecureBoot disabled", text) or text == "efivar 0":
+    if "SecureBoot disabled" in text or "efivar 0" in stripped:
         return "disabled"
     return "unknown"
 
@@ -72,10 +85,11 @@ class StackObserved:
     driver_versions: list[str] = field(default_factory=list)  # nvidia-smi driver_version, one per distinct value
     module_version: str | None = None  # the loaded kernel module (/sys/module/nvidia/version)
     cudnn_version: str | None = None  # from cudnn_version.h
-    cuda_version: str | None = None  # <cuda_home>/version.json cuda.version
+    cuda_version: str | None = None  # <cuda_home>/version.json cuda.version: 11.8.20220929 (older), 13.0.2 (newer)
     nvcc_release: str | None = None  # `nvcc --version`: "release 11.8"
     toolkits: list[str] = field(default_factory=list)  # /usr/local/cuda-* directories
     cuda_link: str | None = None  # readlink -f /usr/local/cuda
+    toolkit_packages: dict[str, str] = field(default_factory=dict)  # installed cuda-toolkit-X-Y -> dpkg version
 
 
 # The loaded module's version: /sys/module/nvidia/version, else the NVRM line of /proc/driver/nvidia/version.
@@ -83,6 +97,7 @@ MODULE_VERSION_COMMAND = (
     "cat /sys/module/nvidia/version 2>/dev/null || head -n 1 /proc/driver/nvidia/version 2>/dev/null"
 )
 NVRM = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+DPKG_FIELDS = "${Package}\\t${Version}\\t${db:Status-Abbrev}\\n"
 
 
 def parse_module_version(lines: list[str]) -> str | None:
@@ -117,6 +132,8 @@ class NvidiaStack(FactBase[StackObserved]):
                 "ls -d /usr/local/cuda-* 2>/dev/null",
                 "echo '== link'",
                 "readlink -f /usr/local/cuda 2>/dev/null",
+                "echo '== packages'",
+                f"dpkg-query -W -f='{DPKG_FIELDS}' 'cuda-toolkit-[0-9]*' 2>/dev/null",
                 "true",
             ]
         )
@@ -125,50 +142,70 @@ class NvidiaStack(FactBase[StackObserved]):
         return parse_stack(output)
 
 
+def _values(lines: list[str]) -> list[str]:
+    return [line.strip() for line in lines if line.strip()]
+
+
 def parse_stack(lines: Iterable[str]) -> StackObserved:
-    sections: dict[str, list[str]] = {}
-    current = ""
-    for line in lines:
-        if line.startswith("== "):
-            current = line[3:].strip()
-            sections[current] = []
-        elif line.strip() and current:
-            sections[current].append(line.strip())
-    defines = dict(re.findall(r"#define CUDNN_(MAJOR|MINOR|PATCHLEVEL)\s+(\d+)", "\n".join(sections.get("cudnn", []))))
+    found = {name: _values(section) for name, section in sections(lines).items()}
+    defines = dict(re.findall(r"#define CUDNN_(MAJOR|MINOR|PATCHLEVEL)\s+(\d+)", "\n".join(found.get("cudnn", []))))
     cudnn = None
     if {"MAJOR", "MINOR", "PATCHLEVEL"} <= defines.keys():
         cudnn = f"{defines['MAJOR']}.{defines['MINOR']}.{defines['PATCHLEVEL']}"
     cuda = None
     with contextlib.suppress(ValueError, KeyError, TypeError):
-        cuda = json.loads("".join(sections.get("cuda", [])))["cuda"]["version"]
-    nvcc = sections.get("nvcc", [])
-    link = sections.get("link", [])
+        cuda = json.loads("".join(found.get("cuda", [])))["cuda"]["version"]
+    nvcc = found.get("nvcc", [])
+    link = found.get("link", [])
+    packages = parse_dpkg_query(found.get("packages", []))
     return StackObserved(
-        driver_versions=sections.get("smi", []),
-        module_version=parse_module_version(sections.get("module", [])),
+        driver_versions=found.get("smi", []),
+        module_version=parse_module_version(found.get("module", [])),
         cudnn_version=cudnn,
         cuda_version=cuda,
         nvcc_release=nvcc[0].removeprefix("release ") if nvcc else None,
-        toolkits=sections.get("toolkits", []),
+        toolkits=found.get("toolkits", []),
         cuda_link=link[0] if link else None,
+        toolkit_packages={name: entry.version for name, entry in packages.items()},
     )
 
 
+def cuda_line(version: str | None) -> str | None:
+    """`11.8` of a CUDA version: the lock's `11.8.0`, version.json's date-stamped `11.8.20220929`, nvcc's `11.8`."""
+    parts = (version or "").split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
+
+
+def upstream_version(debian_version: str) -> str:
+    """`11.8.0` of dpkg's `11.8.0-1` (Debian policy 5.6.12: [epoch:]upstream_version[-debian_revision])."""
+    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
 def stack_problems(observed: StackObserved, driver: str, cuda: str, cudnn: str, cuda_home: str) -> list[str]:
-    """Every way the host differs from the lock, as sentences; empty when it matches."""
+    """Every way the host differs from the lock, as sentences; empty when it matches.
+
+    CUDA is compared as the lock means it: version.json and nvcc name the CUDA line (11.8: older toolkits
+    date-stamp version.json's `cuda.version`, 11.8.0 writes 11.8.20220929, newer ones write the release), the
+    cuda-toolkit-X-Y package names the full version (11.8.0-1). A toolkit without that package (not from apt)
+    is checked by its line alone.
+    """
     problems = []
     if observed.driver_versions != [driver]:
         problems.append(f"nvidia-smi reports driver {', '.join(observed.driver_versions) or 'nothing'}, lock {driver}")
     if observed.module_version is not None and observed.module_version != driver:
         problems.append(f"the loaded kernel module is {observed.module_version}, userland {driver}: reboot needed")
-    if observed.cuda_version != cuda:
-        problems.append(f"{cuda_home}/version.json says CUDA {observed.cuda_version}, lock {cuda}")
-    cuda_line = ".".join(cuda.split(".")[:2])
-    if observed.nvcc_release != cuda_line:
-        problems.append(f"{cuda_home}/bin/nvcc reports release {observed.nvcc_release}, lock {cuda_line}")
+    line = cuda_line(cuda) or cuda
+    if cuda_line(observed.cuda_version) != line:
+        problems.append(f"{cuda_home}/version.json says CUDA {observed.cuda_version}, lock {cuda} (CUDA {line})")
+    if observed.nvcc_release != line:
+        problems.append(f"{cuda_home}/bin/nvcc reports release {observed.nvcc_release}, lock {line}")
+    package = "cuda-toolkit-" + line.replace(".", "-")
+    installed = observed.toolkit_packages.get(package)
+    if installed is not None and upstream_version(installed) != cuda:
+        problems.append(f"dpkg has {package} {installed}, lock CUDA {cuda}")
     if observed.cudnn_version != cudnn:
         problems.append(f"cudnn_version.h defines cuDNN {observed.cudnn_version}, lock {cudnn}")
-    others = [t for t in observed.toolkits if t != cuda_home and not t.startswith("/usr/local/cuda-" + cuda_line)]
+    others = [t for t in observed.toolkits if t != cuda_home and not t.startswith("/usr/local/cuda-" + line)]
     if others:
         problems.append(f"other CUDA toolkits are installed: {', '.join(others)}")
     if observed.cuda_link != cuda_home:
@@ -270,9 +307,10 @@ class LoadedModule(FactBase[ModuleObserved]):
 
 
 def parse_loaded_module(lines: list[str]) -> ModuleObserved:
-    split = lines.index("== nouveau") if "== nouveau" in lines else len(lines)
-    nvidia = parse_module_version([line for line in lines[:split] if line != "== nvidia"])
-    return ModuleObserved(nvidia=nvidia, nouveau="loaded" in (line.strip() for line in lines[split:]))
+    found = sections(lines)
+    return ModuleObserved(
+        nvidia=parse_module_version(found.get("nvidia", [])), nouveau="loaded" in _values(found.get("nouveau", []))
+    )
 
 
 def driver_reboot_reason(loaded: ModuleObserved, driver: str) -> str | None:
@@ -322,18 +360,23 @@ class RunfileDriver(FactBase[RunfileObserved]):
 
 def parse_runfile(lines: list[str]) -> RunfileObserved:
     """`nvidia-installer:  version 525.85.02 ...` and the log's `nvidia-installer command line:` block."""
-    split = lines.index("== log") if "== log" in lines else len(lines)
+    found = sections(lines)
     version = None
-    for line in lines[:split]:
+    for line in found.get("version", []):
         match = re.search(r"nvidia-installer:\s+version\s+(\d+\.\d+(?:\.\d+)?)", line)
         if match:
             version = match.group(1)
             break
+    return RunfileObserved(version=version, options=_installer_options(found.get("log", [])))
+
+
+def _installer_options(log: list[str]) -> list[str]:
+    """The indented lines after `nvidia-installer command line:`, without the program itself (`./nvidia-installer`)."""
+    if "nvidia-installer command line:" not in log:
+        return []
     options: list[str] = []
-    log = lines[split + 1 :]
-    if "nvidia-installer command line:" in log:
-        for line in log[log.index("nvidia-installer command line:") + 1 :]:
-            if not line.startswith("    "):
-                break
-            options.append(line.strip())
-    return RunfileObserved(version=version, options=options[1:])  # [0] is ./nvidia-installer
+    for line in log[log.index("nvidia-installer command line:") + 1 :]:
+        if not line.startswith("    "):
+            break
+        options.append(line.strip())
+    return options[1:]

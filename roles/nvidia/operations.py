@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 
+from pyinfra import logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
@@ -12,23 +14,51 @@ from pyinfra.operations import apt
 
 from ironserve.apt import APT_GET
 from ironserve.facts import ContainerKind, DpkgPackages
+from ironserve.lock import StackLock
 from ironserve.operations import Commands
+from ironserve.packages import expected_version
+from ironserve.versions import major_minor
 from roles.nvidia.facts import (
     MAIN_MODULE,
     CudaSamples,
     DkmsKernels,
+    LoadedModule,
     NvidiaStack,
     RunfileDriver,
     SecureBoot,
     StaleInitrds,
     dkms_lacking,
+    driver_reboot_reason,
     stack_problems,
 )
 
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
-# Packages of the stack's families that must not sit beside the lock (another driver branch, a CUDA 12
-# toolkit, the CUDA metapackages that pull a driver in): removed when installed and not pinned.
+# Package families of the stack: an installed member that is not pinned and disagrees with the lock (another
+# driver branch, a CUDA 12 toolkit, cuDNN or TensorRT for another CUDA line, the CUDA metapackages that pull a
+# driver in) is removed. Members at the lock's versions are the locked packages' own dependencies and stay.
 STRAY_PATTERNS = ("nvidia-driver*", "cuda-toolkit-*", "cuda-drivers*", "libcudnn*", "libnvinfer*", "tensorrt")
+CUDA_LINE_PACKAGE = re.compile(r"cuda-toolkit-(\d+)-(\d+)(-.+)?")
+
+
+def is_stray(name: str, version: str, lock: StackLock) -> bool:
+    """Whether an installed package of the stack's families disagrees with the lock.
+
+    cuda-toolkit-X-Y[-...] belongs to CUDA line X.Y (its own version is the component's, e.g. 11.8.89-1), and
+    cuda-toolkit-config-common is shared by every line; the other families carry the lock's versions in theirs
+    (nvidia-driver-bin 525.85.02-1, libnvinfer-plugin8 8.6.1.6-1+cuda11.8).
+    """
+    if name.startswith("cuda-drivers"):
+        return True
+    line = CUDA_LINE_PACKAGE.fullmatch(name)
+    if line:
+        return f"{line[1]}.{line[2]}" != major_minor(lock.cuda)
+    if name.startswith("cuda-toolkit-"):
+        return False
+    component = "driver" if name.startswith("nvidia-driver") else "cudnn" if name.startswith("libcudnn") else "tensorrt"
+    expected = expected_version(lock, component)
+    return expected is None or not (version.startswith(expected[0]) and version.endswith(expected[1]))
+
+
 MOK_STEPS = (
     "UEFI Secure Boot is enabled: the unsigned NVIDIA kernel module would not load. Either disable Secure Boot "
     "in the BIOS (iDRAC: BIOS Settings > System Security > Secure Boot), or enrol a Machine Owner Key and sign "
@@ -56,12 +86,35 @@ def runfile_options(container: bool) -> tuple[str, ...]:
     return ("--silent", module, "--no-opengl-files", "--no-x-check")
 
 
-@operation()
-def refuse_secure_boot() -> Commands:
-    """Stop before touching the host when Secure Boot would keep the driver from loading."""
-    sb_state = host.get_fact(SecureBoot)
+SHIM_VALIDATION_OFF = (
+    "UEFI Secure Boot is enabled, but shim does not validate what it loads (`mokutil --sb-state`: SecureBoot "
+    "validation is disabled in shim): the unsigned NVIDIA module loads, and Secure Boot does not protect this "
+    "host's kernel (the kernel treats Secure Boot as off). To protect it again, have DKMS sign the module with an "
+    "enrolled Machine Owner Key (`mokutil --import`), then run `mokutil --enable-validation` (choose a one-time "
+    "password), reboot and confirm it in the blue MOK manager screen; an unsigned module stops loading then."
+)
+
+
+def secure_boot_refusal(sb_state: str, shim_validation_disabled: str) -> str | None:
+    """Why the deploy must stop before touching the host, or None: an enforcing Secure Boot keeps the unsigned
+    module from loading; with shim's validation off the module loads, and nvidia_shim_validation_disabled decides."""
     if sb_state == "enabled":
-        raise OperationError(MOK_STEPS)
+        return MOK_STEPS
+    if sb_state == "validation-disabled" and shim_validation_disabled == "refuse":
+        return f"{SHIM_VALIDATION_OFF} Refused: nvidia_shim_validation_disabled is refuse (proceed deploys anyway)."
+    return None
+
+
+@operation()
+def refuse_secure_boot(shim_validation_disabled: str = "proceed") -> Commands:
+    """Stop before touching the host when Secure Boot would keep the driver from loading (or, by policy, when
+    shim's validation is off); warn when the driver loads only because shim does not validate."""
+    sb_state = host.get_fact(SecureBoot)
+    refusal = secure_boot_refusal(sb_state, shim_validation_disabled)
+    if refusal is not None:
+        raise OperationError(refusal)
+    if sb_state == "validation-disabled":
+        host.log(SHIM_VALIDATION_OFF, log_func=logger.warning)
     host.noop(f"Secure Boot: {sb_state}")
     yield from ()
 
@@ -96,11 +149,15 @@ def dkms_every_kernel(driver: str) -> Commands:
 
 
 @operation()
-def remove_strays(keep: list[str], also: tuple[str, ...] = ()) -> Commands:
-    """Purge packages of the stack's families that are installed beside the lock (e.g. a CUDA 12 toolkit), and
-    the packages in `also` (the apt driver, when the runfile installs it)."""
+def remove_strays(keep: list[str], lock: StackLock, also: tuple[str, ...] = ()) -> Commands:
+    """Purge packages of the stack's families installed beside the lock (e.g. a CUDA 12 toolkit), and the packages
+    in `also` (the apt driver, when the runfile installs it)."""
     installed = host.get_fact(DpkgPackages, patterns=STRAY_PATTERNS + also)
-    strays = sorted(n for n in installed if n not in keep)
+    strays = sorted(
+        name
+        for name, entry in installed.items()
+        if name not in keep and (name in also or is_stray(name, entry.version, lock))
+    )
     if not strays:
         host.noop("no NVIDIA packages beside the lock")
         return
@@ -154,21 +211,28 @@ def stage_cuda_samples(tarball: str, directory: str, sha256: str) -> Commands:
 def verify_stack(driver: str, cuda: str, cudnn: str, cuda_home: str, dkms: bool) -> Commands:
     """Fail unless nvidia-smi, the toolkit, the cuDNN header and the DKMS builds match the lock.
 
-    A loaded module older than the userland is no failure here: the reboot step takes it through the policy
-    (until then a real nvidia-smi answers "Driver/library version mismatch", so it is not held against it).
+    A module that is not yet the installed driver (an older one loaded, or nouveau holding the GPU on a first
+    install) is no failure here: the deploy's one reboot brings it in. Until then a real nvidia-smi answers
+    "Driver/library version mismatch" or finds no driver, so what it reports is not held against the host.
     """
     if not state.is_executing:
         host.noop("verified after the install, while the deploy runs")
         return
     observed = host.get_fact(NvidiaStack, cuda_home=cuda_home)
     problems = stack_problems(observed, driver, cuda, cudnn, cuda_home)
+    pending = driver_reboot_reason(host.get_fact(LoadedModule), driver) is not None
     reboot = [p for p in problems if "reboot needed" in p]
-    wrong = [p for p in problems if p not in reboot and not (reboot and p.startswith("nvidia-smi reports"))]
+    wrong = [
+        p for p in problems if p not in reboot and not ((reboot or pending) and p.startswith("nvidia-smi reports"))
+    ]
     if dkms:
         lacking = dkms_lacking(host.get_fact(DkmsKernels), driver)
         if lacking:
             wrong.append(f"no DKMS-built nvidia {driver} module for kernel {', '.join(lacking)}")
     if wrong:
         raise OperationError("the NVIDIA stack does not match the lock: " + "; ".join(wrong))
-    host.noop(f"driver {driver}, CUDA {cuda}, cuDNN {cudnn} verified")
+    if pending or reboot:
+        host.noop(f"CUDA {cuda}, cuDNN {cudnn} verified; driver {driver} takes effect with the deploy's reboot")
+    else:
+        host.noop(f"driver {driver}, CUDA {cuda}, cuDNN {cudnn} verified")
     yield from ()

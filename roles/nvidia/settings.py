@@ -106,6 +106,12 @@ class NvidiaSettings(RoleSettings):
         pattern=SHA256,
         description="SHA-256 of that runfile (64 lowercase hex digits); required with nvidia_driver_method runfile.",
     )
+    shim_validation_disabled: Literal["proceed", "refuse"] = Field(
+        "proceed",
+        alias="nvidia_shim_validation_disabled",
+        description="When Secure Boot is on but shim does not validate (`mokutil --sb-state`: validation is disabled "
+        "in shim): proceed (the unsigned module loads; a warning says the kernel is unprotected) or refuse.",
+    )
 
     @model_validator(mode="after")
     def _samples_checksum_with_url(self) -> NvidiaSettings:

@@ -20,13 +20,6 @@ NVIDIA_VENDOR = "10de"
 # ---- dmidecode -------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SystemIdentity:
-    manufacturer: str | None
-    product: str | None
-    bios_version: str | None
-
-
 def parse_dmidecode_string(output: Iterable[str]) -> str | None:
     """`dmidecode -s KEYWORD`: one value line; comments (`# ...`) appear when run without root or on odd DMI."""
     values = [line.strip() for line in output if line.strip() and not line.lstrip().startswith("#")]
@@ -102,13 +95,19 @@ def parse_lscpu_sockets(output: Iterable[str]) -> int | None:
 
 # ---- lspci -vvv -D ---------------------------------------------------------------------------------------
 
-HEADER = re.compile(r"^(?P<bdf>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+(?P<rest>.*)$")
+# A device's first line: [domain:]bus:device.function. lspci prints the domain with "%04x" (pciutils lspci.c), so
+# it has four hex digits or more: Intel VMD puts its NVMe devices in domains 10000 and up. Without -D, lspci
+# leaves the domain out only when every device is in domain 0.
+HEADER = re.compile(
+    r"^(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<slot>[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+(?P<rest>\S.*)$"
+)
 LINK = re.compile(
     r"Speed\s+(?:(?P<speed>[\d.]+)\s*GT/s|unknown)(?:\s*\((?P<speed_note>[a-z]+)\))?,\s*"
     r"Width\s+x(?P<width>\d+)(?:\s*\((?P<width_note>[a-z]+)\))?"
 )
 BAR = re.compile(r"^Region (?P<index>\d+): (?:Memory|I/O ports) at (?P<where>\S+)(?P<rest>.*)$")
 ACS_FLAGS = re.compile(r"(\w+)([+-])")
+CLASS_CODE = re.compile(r"\s*\[[0-9a-f]{4}\]$")
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ class PcieLinkState:
 
 @dataclass(frozen=True)
 class PciDevice:
-    address: str  # 0000:3b:00.0
+    address: str  # 0000:3b:00.0, 10000:01:00.0 behind an Intel VMD controller
     description: str  # "3D controller: NVIDIA Corporation GA102GL [A10] (rev a1)"
     physical_slot: str | None
     numa_node: int | None
@@ -132,7 +131,7 @@ class PciDevice:
 
     @property
     def is_gpu(self) -> bool:
-        kind = self.description.split(":", 1)[0]
+        kind = CLASS_CODE.sub("", self.description.split(":", 1)[0])  # `3D controller [0302]` with lspci -nn
         return kind in {"3D controller", "VGA compatible controller"} and "NVIDIA" in self.description
 
     @property
@@ -151,7 +150,8 @@ def _link(text: str) -> PcieLinkState | None:
 
 
 def parse_lspci_verbose(output: Iterable[str]) -> list[PciDevice]:
-    """`lspci -vvv -D` (optionally `-d 10de:`): address, slot, NUMA node, link capability/status, BARs, ACSCtl."""
+    """`lspci -vvv -D` (optionally `-d 10de:`, `-nn`): address, slot, NUMA node, link capability/status, BARs,
+    ACSCtl. Output without -D (domain 0 only) reads as domain 0000."""
     devices: list[PciDevice] = []
     block: list[str] = []
 
@@ -197,7 +197,7 @@ def _device(block: list[str]) -> PciDevice:
             if bar and bar["where"] in {"<unassigned>", "<ignored>"}:
                 unassigned.append(int(bar["index"]))
     return PciDevice(
-        address=header["bdf"].lower(),
+        address=f"{header['domain'] or '0000'}:{header['slot']}".lower(),
         description=header["rest"],
         physical_slot=slot,
         numa_node=numa,

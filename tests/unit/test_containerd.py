@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 
 import pytest
+from test_fact_data import real_sample
 
 from ironserve.config import ConfigError
 from ironserve.lab.aptrepo import CONTAINER_TOOLKIT_CONFIG
@@ -123,3 +124,37 @@ def test_nvidia_cli_no_cgroups_lands_under_its_table(text: str) -> None:
 def test_nvidia_cli_config_that_is_not_toml_is_refused() -> None:
     with pytest.raises(ContainerdConfigError, match="not valid TOML"):
         nvidia_cli_keeps_cgroups("[nvidia-container-cli\nno-cgroups = true\n")
+
+
+# --- /etc/nvidia-container-runtime/config.toml as NVIDIA's packages shipped it (../shared/samples/realworld) ---------
+
+SHIPPED_CONFIGS = [
+    "nvidia_ctk_config/toolkit-1.10-ubuntu-shipped.txt",
+    "nvidia_ctk_config/toolkit-2019-centos-shipped.txt",
+    "nvidia_ctk_config/toolkit-debian-shipped.txt",
+]
+
+
+@pytest.mark.parametrize("name", SHIPPED_CONFIGS)
+def test_nvidia_cli_config_as_nvidia_shipped_it_changes_one_line(name: str) -> None:
+    shipped = real_sample(name).read_text()
+    edited = nvidia_cli_keeps_cgroups(shipped)
+    assert tomllib.loads(edited)["nvidia-container-cli"]["no-cgroups"] is False
+    pairs = zip(shipped.splitlines(), edited.splitlines(), strict=True)
+    assert [(a, b) for a, b in pairs if a != b] == [("#no-cgroups = false", "no-cgroups = false")]
+    assert nvidia_cli_keeps_cgroups(edited) == edited
+
+
+def _cli_table(text: str) -> dict[str, str]:
+    """[nvidia-container-cli] keys -> their line without the comment mark: what the table sets or documents."""
+    lines = text.splitlines()
+    start = lines.index("[nvidia-container-cli]") + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    entries = (line.lstrip("#").strip() for line in lines[start:end] if "=" in line)
+    return {entry.split("=", 1)[0].strip(): entry for entry in entries}
+
+
+def test_lab_toolkit_config_carries_the_shipped_cli_table() -> None:
+    """The lab's stand-in config.toml documents and sets [nvidia-container-cli] as NVIDIA's Debian package does."""
+    shipped = _cli_table(real_sample("nvidia_ctk_config/toolkit-debian-shipped.txt").read_text())
+    assert _cli_table(CONTAINER_TOOLKIT_CONFIG) == shipped

@@ -1,8 +1,8 @@
-"""Pure parsers of the custom facts, on output captured from Debian 12 hosts."""
+"""Pure parsers of the custom facts on hand-made output; tests/facts holds the recorded cases (test_fact_data)."""
 
 from __future__ import annotations
 
-from ironserve.facts import ContainerKind, SysctlEntry, SysctlState
+from ironserve.facts import ContainerKind, SysctlEntry, SysctlState, parse_os_release, sections
 from roles.host_tuning.facts import GrubCmdlineLinux, KernelCmdline, missing_kernel_args, with_kernel_args
 
 
@@ -46,3 +46,22 @@ def test_running_cmdline_and_missing_args() -> None:
 def test_container_kind() -> None:
     assert ContainerKind().process(["none"]) is None
     assert ContainerKind().process(["container-other"]) == "container-other"
+
+
+def test_sections_split_marked_command_output_verbatim() -> None:
+    output = ["ignored before any marker", "== version", "nvidia-installer:  version 525.85.02", "", "== log"]
+    output += ["nvidia-installer command line:", "    --silent", "== empty", "== log", "appended"]
+    assert sections(output) == {
+        "version": ["nvidia-installer:  version 525.85.02", ""],
+        "log": ["nvidia-installer command line:", "    --silent", "appended"],
+        "empty": [],
+    }
+    assert sections(["== not a marker because of this", "=== nor this", "==x"]) == {}
+    assert sections([]) == {}
+
+
+def test_os_release_keys_name_nvidia_repository_directories() -> None:
+    assert parse_os_release(["debian 12"]) == "debian12"
+    assert parse_os_release(["ubuntu 22.04"]) == "ubuntu2204"
+    assert parse_os_release(["rhel 9.6"]) == "rhel9"  # NVIDIA's repos/rhel9 serves every RHEL 9 minor
+    assert parse_os_release(["debian"]) == "debian"  # testing and sid have no VERSION_ID

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+from test_fact_data import real_sample
+
+from ironserve.lab import hardware, standins
 from roles.preflight.facts import (
     IommuFacts,
     NvidiaTopology,
@@ -37,6 +43,48 @@ def test_dmidecode_system_block() -> None:
     assert fields["Product Name"] == "PowerEdge R740"
     assert fields["SKU Number"] == "SKU=NotProvided;ModelName=PowerEdge R740"
     assert "Option 1" not in fields  # the next block is not part of System Information
+
+
+@pytest.mark.parametrize(
+    ("name", "product", "sku"),
+    [
+        ("dmidecode_system/r740-dmidecode30-linuxhw.txt", "PowerEdge R740", "SKU=NotProvided;ModelName=PowerEdge R740"),
+        ("dmidecode_system/r740-dmidecode34-linuxhw.txt", "PowerEdge R740", "SKU=0715;ModelName=PowerEdge R740"),
+        ("dmidecode_system/r750-dmidecode34-linuxhw.txt", "PowerEdge R750", "SKU=090E;ModelName=PowerEdge R750"),
+    ],
+)
+def test_dmidecode_system_block_of_real_dumps(name: str, product: str, sku: str) -> None:
+    """Full `dmidecode` of real PowerEdge servers (linuxhw/DMI): the System Information block alone."""
+    fields = parse_dmidecode_system(real_sample(name).read_text().splitlines())
+    assert (fields["Manufacturer"], fields["Product Name"], fields["Family"]) == ("Dell Inc.", product, "PowerEdge")
+    assert fields["SKU Number"] == sku
+
+
+def _lab_profile() -> dict[str, Any]:
+    profile: dict[str, Any] = json.loads(hardware.read_hardware_profile("r740-a10x4").model_dump_json())
+    return profile
+
+
+def _record_keys(text: str, title: str) -> list[str]:
+    """The field names of the first record titled `title`, in order (values left out: serials differ)."""
+    lines = text.splitlines()
+    start = lines.index(title) + 1
+    keys = []
+    for line in lines[start:]:
+        if not line.startswith("\t"):
+            break
+        if not line.startswith("\t\t"):
+            keys.append(line.strip().partition(":")[0])
+    return keys
+
+
+def test_lab_dmidecode_prints_the_records_of_a_real_r740() -> None:
+    """The stand-in's System Information and System Power Supply records carry a real R740's fields, in order."""
+    real = real_sample("dmidecode_system/r740-dmidecode34-linuxhw.txt").read_text()
+    lab = standins.dmidecode(_lab_profile(), [])
+    for title in ("System Information", "System Power Supply"):
+        assert _record_keys(lab, title) == _record_keys(real, title), title
+    assert lab.splitlines()[:4] == real.splitlines()[:4]  # dmidecode 3.4's banner on SMBIOS 3.2.0
 
 
 def test_dmidecode_power_supplies() -> None:
@@ -112,3 +160,39 @@ def test_nvidia_topo_nvlink_and_nic() -> None:
     assert topo.links["GPU0"] == {"GPU1": "NV12"}
     assert topo.numa_affinity == {"GPU0": "0", "GPU1": "1"}
     assert NvidiaTopology().process(["ABSENT"]) is None
+
+
+def test_lspci_domains_of_every_width_start_a_device() -> None:
+    """lspci prints the domain with "%04x": four hex digits or more (Intel VMD: 10000, 10001, ...)."""
+    lines = [
+        "0000:d8:00.0 3D controller: NVIDIA Corporation GA102GL [A10] (rev a1)",
+        "\t\tLnkSta:\tSpeed 8GT/s (ok), Width x16 (ok)",
+        "10000:01:00.0 Non-Volatile memory controller: Intel Corporation NVMe Datacenter SSD",
+        "\t\tLnkSta:\tSpeed 8GT/s (ok), Width x4 (ok)",
+        "10001:02:00.0 Non-Volatile memory controller: Intel Corporation PCIe Data Center SSD (rev 01)",
+    ]
+    devices = parse_lspci_verbose(lines)
+    assert [d.address for d in devices] == ["0000:d8:00.0", "10000:01:00.0", "10001:02:00.0"]
+    assert devices[0].link_status == PcieLinkState(speed_gts=8.0, width=16, downgraded=False)
+    without_domains = parse_lspci_verbose(["3b:00.0 3D controller: NVIDIA Corporation GA102GL [A10]"])
+    assert [d.address for d in without_domains] == ["0000:3b:00.0"]  # without -D lspci leaves out domain 0 only
+
+
+def test_lab_lspci_vmd_drive_after_the_last_gpu_keeps_the_gpus_link() -> None:
+    """The lab's R740 has its NVMe drive behind VMD (domain 10000), listed right after the slot-4 GPU."""
+    devices = parse_lspci_verbose(standins.lspci(_lab_profile(), ["-vvv", "-D"]).splitlines())
+    addresses = [d.address for d in devices]
+    assert addresses.index("10000:01:00.0") == addresses.index("0000:d8:00.0") + 2  # after the VMD root port
+    by_address = {d.address: d for d in devices}
+    assert by_address["0000:d8:00.0"].link_status == PcieLinkState(speed_gts=8.0, width=8, downgraded=True)
+    assert by_address["10000:01:00.0"].link_status == PcieLinkState(speed_gts=8.0, width=4, downgraded=False)
+    assert not by_address["10000:01:00.0"].is_gpu
+
+
+def test_lspci_nn_class_codes_still_name_a_gpu() -> None:
+    """`lspci -vvnn` adds [0302] after the class: still a GPU. An A100's header line as pasted in
+    https://github.com/open-mpi/hwloc/issues/653."""
+    gpu = parse_lspci_verbose(
+        ["da:00.0 3D controller [0302]: NVIDIA Corporation GA100 [A100 SXM4 40GB] [10de:20b0] (rev a1)"]
+    )
+    assert gpu[0].is_gpu and gpu[0].address == "0000:da:00.0"

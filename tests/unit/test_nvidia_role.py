@@ -6,8 +6,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
+from operation_harness import FakeHost, fact_key, run_operation
+from pyinfra.api.exceptions import OperationError
 
 from ironserve.apt import preferences, unattended_blacklist
 from ironserve.config import ConfigError
@@ -20,7 +23,9 @@ from roles.nvidia import sources_line
 from roles.nvidia.facts import (
     DkmsObserved,
     ModuleObserved,
+    SecureBoot,
     StackObserved,
+    cuda_line,
     dkms_lacking,
     driver_reboot_reason,
     parse_dkms,
@@ -30,8 +35,9 @@ from roles.nvidia.facts import (
     parse_secure_boot,
     parse_stack,
     stack_problems,
+    upstream_version,
 )
-from roles.nvidia.operations import runfile_options, runfile_url
+from roles.nvidia.operations import refuse_secure_boot, runfile_options, runfile_url, secure_boot_refusal
 
 SMI = Path(aptrepo.__file__).with_name("standin_nvidia_smi.py")
 DKMS = Path(aptrepo.__file__).with_name("standin_dkms.py")
@@ -44,7 +50,7 @@ def test_every_profile_pins_apt_versions_that_agree_with_its_lock(profile: str) 
     assert set(loaded.packages or {}) == {"debian12", "ubuntu2204"}
 
 
-def test_primary_pins_are_the_seed_set() -> None:
+def test_primary_profile_pins_the_locked_versions() -> None:
     pins = pinned_packages(read_profile("r740-a10").packages, "debian12")
     assert pins["nvidia-driver"] == "525.85.02-1"
     assert pins["cuda-toolkit-11-8"] == "11.8.0-1"
@@ -98,10 +104,52 @@ def test_dpkg_query_parser_keeps_installed_and_held() -> None:
         (["EFI variables are not supported on this system"], "unknown"),
         (["efivar 1"], "enabled"),
         ([], "unknown"),
+        (["SecureBoot enabled", "SecureBoot validation is disabled in shim"], "validation-disabled"),
+        (["SecureBoot disabled", "Platform is in Setup Mode"], "disabled"),
+        (["efivar 1", "efivar-moksbstate"], "validation-disabled"),
+        (["efivar 0"], "disabled"),
+        (["This system doesn't support Secure Boot"], "unknown"),
     ],
 )
 def test_secure_boot_parser(lines: list[str], expected: str) -> None:
     assert parse_secure_boot(lines) == expected
+
+
+@pytest.mark.parametrize(
+    ("sb_state", "policy", "refused"),
+    [
+        ("enabled", "proceed", "the unsigned NVIDIA kernel module would not load"),
+        ("validation-disabled", "proceed", None),
+        ("validation-disabled", "refuse", "nvidia_shim_validation_disabled is refuse"),
+        ("disabled", "refuse", None),
+        ("unknown", "refuse", None),
+    ],
+)
+def test_secure_boot_decision(sb_state: str, policy: str, refused: str | None) -> None:
+    refusal = secure_boot_refusal(sb_state, policy)
+    assert refusal is None if refused is None else refused in str(refusal)
+
+
+def test_secure_boot_gate_warns_when_shim_does_not_validate_and_refuses_by_policy() -> None:
+    host = FakeHost({fact_key(SecureBoot): "validation-disabled"})
+    with patch.object(host, "log") as log:
+        assert run_operation(refuse_secure_boot, host) == []  # the default policy: proceed
+    message = log.call_args.args[0]
+    assert "Secure Boot does not protect this host's kernel" in message and "mokutil --enable-validation" in message
+    with pytest.raises(OperationError, match="nvidia_shim_validation_disabled is refuse"):
+        run_operation(refuse_secure_boot, host, shim_validation_disabled="refuse")
+    enforcing = FakeHost({fact_key(SecureBoot): "enabled"})
+    with pytest.raises(OperationError, match="mokutil --import"):
+        run_operation(refuse_secure_boot, enforcing)
+
+
+def test_shim_validation_policy_is_a_checked_setting() -> None:
+    assert stack_config("r740-01", {}).nvidia.shim_validation_disabled == "proceed"
+    assert stack_config("r740-01", {"nvidia_shim_validation_disabled": "refuse"}).nvidia.shim_validation_disabled == (
+        "refuse"
+    )
+    with pytest.raises(ConfigError, match="nvidia_shim_validation_disabled"):
+        stack_config("r740-01", {"nvidia_shim_validation_disabled": "warn"})
 
 
 STACK_OUTPUT = """== smi
@@ -130,6 +178,44 @@ def test_stack_parser_and_a_matching_host() -> None:
     assert stack_problems(observed, "525.85.02", "11.8.0", "8.6.0", "/usr/local/cuda-11.8") == []
 
 
+# /usr/local/cuda-11.8/version.json of a real CUDA 11.8.0 install, joined into one line as the fact's `tr -d '\n'`
+# does: its `cuda` component is date-stamped (nickeisenberg/usefull_setup_instructions, aws/nvidia_setup_cuda_11_8.md).
+REAL_118_VERSION_JSON = (
+    '{   "cuda" : {      "name" : "CUDA SDK",      "version" : "11.8.20220929"   },   "cuda_nvcc" : {      '
+    '"name" : "CUDA NVCC",      "version" : "11.8.89"   }}'
+)
+
+
+def _real_118_host(package_version: str = "11.8.0-1") -> list[str]:
+    cuda = STACK_OUTPUT.index("== cuda")
+    lines = [*STACK_OUTPUT[: cuda + 1], REAL_118_VERSION_JSON, *STACK_OUTPUT[cuda + 2 :]]
+    return [*lines, "== packages", f"cuda-toolkit-11-8\t{package_version}\tii "]
+
+
+def test_a_real_cuda_118_host_matches_its_lock() -> None:
+    """version.json's date-stamped 11.8.20220929 is CUDA 11.8; the package says which 11.8: 11.8.0."""
+    observed = parse_stack(_real_118_host())
+    assert observed.cuda_version == "11.8.20220929" and observed.toolkit_packages == {"cuda-toolkit-11-8": "11.8.0-1"}
+    assert stack_problems(observed, "525.85.02", "11.8.0", "8.6.0", "/usr/local/cuda-11.8") == []
+
+
+def test_cuda_drift_is_named_by_line_and_by_package() -> None:
+    home = "/usr/local/cuda-11.8"
+    update = parse_stack(_real_118_host("11.8.1-1"))  # another 11.8 release behind the same line
+    assert stack_problems(update, "525.85.02", "11.8.0", "8.6.0", home) == [
+        "dpkg has cuda-toolkit-11-8 11.8.1-1, lock CUDA 11.8.0"
+    ]
+    other_line = StackObserved(["525.85.02"], None, "8.6.0", "12.2.20230823", "11.8", [home], home)
+    assert stack_problems(other_line, "525.85.02", "11.8.0", "8.6.0", home) == [
+        f"{home}/version.json says CUDA 12.2.20230823, lock 11.8.0 (CUDA 11.8)"
+    ]
+    undated = StackObserved(["525.85.02"], None, "8.6.0", "12.4.1", "12.4", [], "/usr/local/cuda-12.4")
+    assert stack_problems(undated, "525.85.02", "12.4.1", "8.6.0", "/usr/local/cuda-12.4") == []  # no date stamp
+    assert cuda_line("11.8.20220929") == cuda_line("11.8.0") == cuda_line("11.8") == "11.8"
+    assert cuda_line(None) is None and cuda_line("garbage") is None
+    assert upstream_version("1:11.8.0-1") == "11.8.0"
+
+
 def test_stack_problems_name_each_drift() -> None:
     observed = StackObserved(
         ["535.129.03"], "525.85.02", "8.9.7", "11.8.0", "11.8", ["/usr/local/cuda-11.8", "/usr/local/cuda-12.2"], None
@@ -156,6 +242,19 @@ def test_generated_apt_files() -> None:
 
 
 # --- the lab's stand-ins ---------------------------------------------------------------------------------------
+
+
+def test_mirror_cuda_toolkit_ships_version_json_as_nvidia_writes_it() -> None:
+    """The stand-in toolkit's version.json: NVIDIA's layout and its date-stamped `cuda` version, so a lab host
+    reads what a real one does, and the stack check passes on it only when it reads CUDA by its line."""
+    package = aptrepo.cuda_toolkit_package("11.8.0")
+    text = package.files["/usr/local/cuda-11.8/version.json"][0]
+    assert text.startswith('{\n   "cuda" : {\n      "name" : "CUDA SDK",\n      "version" : "11.8.20220929"\n   },\n')
+    assert (package.name, package.version) == ("cuda-toolkit-11-8", "11.8.0-1")
+    cuda = STACK_OUTPUT.index("== cuda")
+    lines = [*STACK_OUTPUT[: cuda + 1], text.replace("\n", ""), *STACK_OUTPUT[cuda + 2 :]]
+    observed = parse_stack([*lines, "== packages", f"{package.name}\t{package.version}\tii "])
+    assert stack_problems(observed, "525.85.02", "11.8.0", "8.6.0", "/usr/local/cuda-11.8") == []
 
 
 def test_mirror_offers_the_pinned_set_and_newer_decoys() -> None:
@@ -359,7 +458,7 @@ def test_runfile_method_settings_are_checked_before_any_host() -> None:
     )
 
 
-def test_runfile_options_are_the_seed_flags_with_dkms() -> None:
+def test_runfile_options_build_the_module_with_dkms() -> None:
     assert runfile_options(container=False) == ("--silent", "--dkms", "--no-opengl-files", "--no-x-check")
     assert runfile_options(container=True) == ("--silent", "--no-kernel-module", "--no-opengl-files", "--no-x-check")
 

@@ -154,8 +154,9 @@ def test_standin_lspci_filters_like_lspci(tmp_path: Path) -> None:
     data = tmp_path / "hardware.json"
     data.write_text(json.dumps(hardware.read_hardware_profile().model_dump()))
     profile = standins.load(data, tmp_path / "none")
+    # Without -D lspci prints domains once any device is outside domain 0: the VMD's NVMe drive is (10000:01:00.0).
     assert standins.lspci(profile, ["-d", "10de:"]).splitlines()[0] == (
-        "3b:00.0 3D controller: NVIDIA Corporation GA102GL [A10] (rev a1)"
+        "0000:3b:00.0 3D controller: NVIDIA Corporation GA102GL [A10] (rev a1)"
     )
     assert len(standins.lspci(profile, ["-D", "-d", "10de:"]).splitlines()) == 4
     one = parse_lspci_verbose(standins.lspci(profile, ["-vv", "-D", "-s", "0000:af:00.0"]).splitlines())

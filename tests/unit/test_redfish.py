@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import base64
+import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_fact_data import real_sample
 
 from ironserve.lab import hardware, redfish_emulator
+from ironserve.profiles import read_profile
 from roles.bios import redfish
 from roles.bios.redfish import Credentials, RedfishClient, RedfishError, apply, load_credentials, read_state
 
@@ -148,3 +152,85 @@ def test_credentials_from_environment_and_file(tmp_path: Path) -> None:
         load_credentials(None, {})
     with pytest.raises(RedfishError, match="inside the repository"):
         load_credentials(str(Path(redfish.__file__)), {})
+
+
+# --- real iDRAC responses (../shared/samples/realworld/redfish) ----------------------------------------------------
+
+
+class RecordedIdrac(RedfishClient):
+    """Answers GET from recorded iDRAC bodies, PATCH with an empty 200 and other requests with a recorded error."""
+
+    def __init__(self, bodies: dict[str, dict[str, Any]], error: dict[str, Any] | None = None) -> None:
+        super().__init__("https://idrac.invalid", Credentials("root", SENTINEL))
+        self.bodies, self.error = bodies, error
+
+    def request(self, method: str, path: str, body: Any = None) -> redfish.Response:
+        self.requests.append((method, path))
+        if method == "GET" and path in self.bodies:
+            return redfish.Response(200, {}, self.bodies[path])
+        if method == "PATCH":
+            return redfish.Response(200, {}, {})
+        message = redfish._redfish_message(self.error) if self.error else "not recorded"
+        raise RedfishError(f"{method} {path}: HTTP 400: {message}")
+
+
+def recorded_bodies(name: str) -> dict[str, dict[str, Any]]:
+    """`## <path>` headings, each followed by its JSON body in a ``` block (the iserver capture's layout)."""
+    text = real_sample(name).read_text()
+    bodies = {}
+    for block in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
+        path, _, rest = block.partition("\n")
+        bodies[path.strip()] = json.loads(rest.split("```")[1])
+    return bodies
+
+
+def recorded_json(name: str) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads(real_sample(name).read_text())
+    return value
+
+
+def test_read_state_of_a_real_r650() -> None:
+    client = RecordedIdrac(recorded_bodies("redfish/r650-idrac510-iserver.txt"))
+    state = read_state(client)
+    assert (state.model, state.bios_version, state.power_state) == ("PowerEdge R650", "1.2.4", "On")
+    assert "GracefulRestart" in state.reset_types
+    assert {k: state.attributes[k] for k in DESIRED} == DESIRED and state.pending == {}
+    assert [(p.capacity_w, p.present) for p in state.power_supplies] == [(1400, True), (1400, True)]
+    assert len(state.pcie_devices) == 12
+
+
+def test_applying_the_profile_to_a_real_r650_that_has_it_sends_nothing() -> None:
+    client = RecordedIdrac(recorded_bodies("redfish/r650-idrac510-iserver.txt"))
+    result = apply(client, dict(read_profile("r740-a10").hardware.bios_attributes), reboot=True)
+    assert result.proven and result.patched == {} and result.note() == "nothing to apply"
+    assert {m for m, _ in client.requests} == {"GET"}
+
+
+def test_job_id_from_the_task_location_idrac_returns() -> None:
+    task = recorded_json("redfish/sushy-oem-idrac-task-jid-scheduled.json.txt")
+    assert redfish._job_id(task["@odata.id"]) == "JID_257309938313"
+    assert task["Oem"]["Dell"]["JobState"] == "Scheduled"
+
+
+def test_a_reboot_job_in_the_queue_is_never_polled() -> None:
+    queue = recorded_json("redfish/sushy-oem-idrac-jobs-running-reboot.json.txt")
+    (job,) = queue["Members"]
+    client = RecordedIdrac({job["@odata.id"]: job})
+    assert job["JobState"] == "Running" and not redfish._job_finished(client, job["Id"])
+    assert client.requests == []  # RID_ jobs are iDRAC's reboots, not the BIOS job apply() waits for
+
+
+def test_pending_changes_error_is_raised_with_idracs_message() -> None:
+    bodies = recorded_bodies("redfish/r650-idrac510-iserver.txt")
+    client = RecordedIdrac(bodies, recorded_json("redfish/sushy-oem-idrac-error-lc068-pending.json.txt"))
+    with pytest.raises(RedfishError, match="there are pending attribute changes or a configuration job is in progress"):
+        apply(client, {"SriovGlobalEnable": "Enabled"}, reboot=False)
+
+
+def test_another_running_job_is_not_taken_for_the_bios_job() -> None:
+    bodies = recorded_bodies("redfish/r650-idrac510-iserver.txt")
+    error = recorded_json("redfish/sushy-oem-idrac-error-rac0679-running.json.txt")
+    assert "A job operation is already running" in redfish._redfish_message(error)
+    client = RecordedIdrac(bodies, error)
+    with pytest.raises(RedfishError, match="already running"):
+        apply(client, {"SriovGlobalEnable": "Enabled"}, reboot=False)
