@@ -2,7 +2,9 @@
 
 Only wiring: validate this host's inventory into one StackConfig, run its roles in order with the
 host's shared run state, then reboot once if any role needs it (ironserve_reboot_policy).
-An invalid inventory raises before any operation is queued, so no host is changed.
+An inventory built with `ironserve.inventory.site()` was validated, every host, when pyinfra loaded it,
+before any connection; `config_for` checks this host again before any operation is queued (the only
+check for an inventory built without site()), so an invalid inventory changes no host.
 `ironserve_roles` (or `ironserve deploy --roles a,b`) narrows a run to some roles; default all.
 """
 

@@ -1,10 +1,15 @@
 """Example inventory for a site of Dell R740 servers (copy to inventory/<site>.py and edit).
 
-Run: `ironserve deploy inventory/<site>.py` (validates first, then runs pyinfra), or directly
-`pyinfra inventory/<site>.py deploy.py`. Keys are documented in each role's README.
+Run: `ironserve deploy inventory/<site>.py`, or directly `pyinfra inventory/<site>.py deploy.py`. Either
+way `site()` validates every host when the file is loaded, before pyinfra connects to any: a mistake
+stops the run with one report naming each host, key, value and what is accepted. Relative paths
+(`site/...`, `keys/...`) are read from this file's folder, whatever the working directory.
+Keys are documented in README.md and each role's README.
 """
 
-gpu_servers = (
+from ironserve.inventory import site
+
+gpu_servers = site(
     [
         # Each host's iDRAC for the BIOS role; credentials come from IRONSERVE_REDFISH_USER/_PASSWORD.
         (

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from ironserve import verify
-from ironserve.config import StackBase, lock_messages
-from ironserve.inventory import InventoryHost, load_inventory, validate_inventory
+from ironserve.config import ConfigError, StackBase, lock_messages
+from ironserve.inventory import InventoryHost, load_inventory, report, validate_inventory
 from ironserve.lock import check_lock
 from ironserve.paths import CHECKOUT
 from ironserve.profiles import available_profiles, read_profile
@@ -20,12 +20,15 @@ from ironserve.registry import registry
 def _validated(
     inventory: str, override: dict[str, str] | None = None
 ) -> tuple[list[InventoryHost], dict[str, StackBase]]:
-    hosts = load_inventory(inventory, override)
-    configs, problems = validate_inventory(hosts, registry())
+    """Every host of the inventory validated as pyinfra will load it (ironserve.inventory), or the report
+    of every host's problems and exit status 2: the same report `pyinfra INVENTORY deploy.py` prints."""
+    try:
+        hosts = load_inventory(inventory, override)
+        configs, problems = validate_inventory(hosts, registry())
+    except ConfigError as exc:
+        hosts, configs, problems = [], {}, str(exc).splitlines()
     if problems:
-        print("invalid inventory, no host was contacted:", file=sys.stderr)
-        for problem in problems:
-            print(f"  {problem}", file=sys.stderr)
+        sys.stderr.write(report(problems))
         raise SystemExit(2)
     return hosts, configs
 
@@ -96,7 +99,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     deploy = deploy_file(args.deploy_file)
     # pyinfra from this interpreter's environment, whether or not that environment is on PATH; -P: with
     # the installed ironserve and roles, never same-named folders of the current directory. It runs in
-    # the current directory, where the inventory's relative paths (site files) were just validated.
+    # the current directory (its group_data/ was just validated); site() resolves the inventory's relative
+    # paths against the inventory file's folder, and validates again as pyinfra loads the file.
     limits = [arg for name in args.limit or [] for arg in ("--limit", name)]
     data = [arg for key, value in override.items() for arg in ("--data", f"{key}={value}")]
     argv = [
@@ -209,8 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         result: int = args.func(args)
+    except ConfigError as exc:
+        sys.stderr.write(report(str(exc).splitlines()))
+        return 2
     except (FileNotFoundError, ValueError, KeyError) as exc:
-        print(f"ironserve: {exc}", file=sys.stderr)
+        print(f"ironserve: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
         return 2
     return result
 

@@ -3,26 +3,48 @@
 Inventory data stays plain (strings, numbers, lists, dicts) because pyinfra's group data does not
 carry objects well. Each role owns the inventory keys prefixed with its name and declares them as a
 `RoleSettings` model whose fields carry the defaults and a one-line description (the role's public
-API). `build_config` validates one host's data into the registry's stack model; `ConfigError` names
-the host, the inventory key and the accepted values, and is raised before any operation is queued.
-The core knows no role: the registry (`roles/__init__.py`) is passed in.
+API). `build_config` validates one host's data into the registry's stack model, `validate_host` also
+checks that every selected role can run (its required keys); both raise `ConfigError` and nothing else,
+with one line per problem, every problem of the host at once. Each line names the host, the inventory
+key, the value given (control and non-ASCII characters escaped, long values cut, secrets redacted) and
+what is accepted. The core knows no role: the registry (`roles/__init__.py`) is passed in.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
+import re
+import types
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ironserve.lock import LockViolation, StackLock, check_lock
 from ironserve.packages import package_violations
-from ironserve.profiles import DEFAULT_PROFILE, Profile, profile_data
+from ironserve.profiles import DEFAULT_PROFILE, Profile, available_profiles, profile_data, read_profile
 from ironserve.reboot import RebootPolicy
+from ironserve.secrets import MASK, SECRET_KEY, redact_text
+from ironserve.versions import Version
 
 # Inventory keys build_config reads itself; every other `ironserve_*` key is a field of StackBase.
 STACK_INPUTS = frozenset({"ironserve_profile", "ironserve_lock", "ironserve_roles"})
+
+# `json_schema_extra` of a settings field whose value is a path on the admin's machine (a file the deploy
+# reads or uploads, a folder it writes reports to): a relative value written in an inventory file is
+# resolved against that file's folder (`ironserve.inventory.site`), whatever the working directory.
+LOCAL_PATH: dict[str, Any] = {"local_path": True}
+
+# Host-data keys pyinfra's connectors read outside their declared `data_meta` (pyinfra 3.10:
+# connectors/chroot.py reads chroot_directory, connectors/dockerssh.py docker_image).
+PYINFRA_UNDECLARED_KEYS = frozenset({"chroot_directory", "docker_image"})
+
+SHOWN_MAX = 80  # characters of a value a message shows
+MESSAGE_MAX = 300  # characters of a validator's own message
 
 
 class RoleSettings(BaseModel):
@@ -98,94 +120,517 @@ class Registry(Generic[S]):
 
 
 class ConfigError(Exception):
-    """Inventory data that cannot be deployed; the message names host, key and accepted values."""
+    """Inventory data that cannot be deployed; one line per problem, each naming host, key and accepted values."""
 
 
-def _selected_roles(raw: object, names: tuple[str, ...]) -> tuple[str, ...]:
-    selected = raw.split(",") if isinstance(raw, str) else raw
-    if not isinstance(selected, list | tuple) or not selected:
-        raise ValueError(f"ironserve_roles: expected a non-empty list of roles; accepted: {', '.join(names)}")
-    unknown = [n for n in selected if n not in names]
-    if unknown:
-        raise ValueError(f"ironserve_roles: unknown role {unknown[0]!r}; accepted: {', '.join(names)}")
-    return tuple(n for n in names if n in selected)
+# --- how a message shows what was given ------------------------------------------------------------------
 
 
-def _location(loc: tuple[int | str, ...], sections: Iterable[str]) -> str:
-    # Drop the model's section names so the message shows the inventory key the admin wrote.
-    parts = [p for p in loc if p not in {"profile", *sections}]
-    if not parts:
-        return "(inventory)"
-    head, *rest = parts
-    head = "ironserve_lock" if head == "lock" else head
-    return str(head) + "".join(f"[{p!r}]" for p in rest)
+def visible(text: str) -> str:
+    """`text` with every character outside printable ASCII escaped (`\\x00`, `\\r`, `\\u0430`)."""
+    return "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
+
+
+def cut(text: str, limit: int = SHOWN_MAX) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_secret(path: Iterable[object]) -> bool:
+    return any(isinstance(p, str) and SECRET_KEY.search(p) for p in path)
+
+
+def _may_carry_credentials(word: str) -> bool:
+    # `scheme://user:pw@host`, `user:pw@host`, `https://token@host` (also with look-alike characters), a
+    # `?token=` query: not `ai-service@blue.service` or `root@host`, which name no secret.
+    plain = unicodedata.normalize("NFKC", word)
+    return bool(re.search(r":\S*@[^\s)\]'\"]", plain) or re.search(r"[?&;]\S*=", plain))
+
+
+def redacted_text(text: str) -> str:
+    """`text` with the credentials of every URL in it replaced by `***` (ironserve.secrets.redact_text,
+    applied to the words that can carry one)."""
+    return re.sub(r"\S+", lambda m: redact_text(m.group()) if _may_carry_credentials(m.group()) else m.group(), text)
+
+
+def redacted(value: object, key: object = None) -> object:
+    """`value` of inventory key `key` with every secret replaced by `***`: the whole value of a key named like
+    a password/token/secret/credential, the credentials of URLs, in nested mappings and lists too."""
+    if isinstance(key, str) and SECRET_KEY.search(key):
+        return MASK
+    if isinstance(value, str):
+        return redacted_text(value)
+    if isinstance(value, Mapping):
+        return {k: redacted(v, k) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [redacted(v, key) for v in value]
+    return value
+
+
+def shown(value: object, path: tuple[object, ...] = ()) -> str:
+    """`value` as a message shows it: secrets redacted (a key named like a password/token/secret/credential
+    anywhere in `path`, a URL's userinfo), control and non-ASCII characters escaped, cut to SHOWN_MAX."""
+    if _is_secret(path):
+        return MASK
+    return cut(ascii(redacted(value)))
+
+
+def key_text(key: object) -> str:
+    """An inventory key as a message names it: as written when it is a plain name, else escaped and quoted."""
+    return key if isinstance(key, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", key) else ascii(key)
+
+
+def _leaves(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list | tuple | set | frozenset):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [str(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
+
+
+def message_text(text: str, value: object = None, path: tuple[object, ...] = ()) -> str:
+    """A validator's message as a line shows it: the secret value (if `path` names a secret) and URL
+    credentials redacted, control and non-ASCII characters escaped, a long word (a value it quotes) cut
+    to SHOWN_MAX and the whole to MESSAGE_MAX."""
+    if _is_secret(path):
+        for leaf in sorted(_leaves(value), key=len, reverse=True):
+            if len(leaf) >= 3:
+                text = text.replace(leaf, MASK)
+    text = re.sub(rf"\S{{{SHOWN_MAX + 1},}}", lambda m: cut(m.group()), visible(redacted_text(text)))
+    return cut(text, MESSAGE_MAX)
+
+
+def host_text(host: object) -> str:
+    return host if isinstance(host, str) and re.fullmatch(r"[!-~]+", host) else ascii(host)
+
+
+def closest(key: str, candidates: Iterable[str]) -> list[str]:
+    """The accepted keys `key` most likely means: same letters in another case, the key with its prefix
+    (`profile` for `ironserve_profile`), then the nearest spellings (difflib)."""
+    pool = sorted(set(candidates))
+    folded = [c for c in pool if c.lower() == key.lower()]
+    if folded:
+        return folded
+    suffixed = [c for c in pool if len(key) >= 4 and c.endswith("_" + key.lower())]
+    if suffixed:
+        return suffixed[:3]
+    scored = sorted(((difflib.SequenceMatcher(None, key.lower(), c).ratio(), c) for c in pool), reverse=True)
+    near = [(score, c) for score, c in scored if score >= 0.8]
+    return [c for score, c in near[:3] if score >= near[0][0] - 0.03]
+
+
+def _did_you_mean(key: str, candidates: Iterable[str]) -> str:
+    hint = closest(key, candidates)
+    return f"; did you mean {' or '.join(hint)}?" if hint else ""
+
+
+# --- which keys exist ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def pyinfra_keys() -> frozenset[str]:
+    """Host-data keys pyinfra itself reads, from pyinfra: its operations' global arguments (`_sudo`, `_su_user`,
+    `_env`, ...: host data sets their defaults) and every installed connector's declared data keys (`ssh_*`,
+    `docker_*`, ...), plus the few a connector reads undeclared (PYINFRA_UNDECLARED_KEYS)."""
+    from pyinfra.api.arguments import all_global_arguments
+
+    keys = {name for name, _ in all_global_arguments() if name.startswith("_")}
+    for entry in entry_points(group="pyinfra.connectors"):  # as pyinfra.api.connectors finds them
+        try:
+            keys |= set(getattr(entry.load(), "data_meta", {}))
+        except Exception:  # a connector plugin that cannot load cannot be used either
+            continue
+    return frozenset(keys | PYINFRA_UNDECLARED_KEYS)
+
+
+def _alias(name: str, field: Any) -> str:
+    return str(field.alias or name)
+
+
+def stack_keys(registry: Registry[Any]) -> frozenset[str]:
+    """The `ironserve_*` keys: build_config's own inputs and the stack model's aliased fields."""
+    return STACK_INPUTS | {f.alias for f in registry.stack.model_fields.values() if f.alias}
+
+
+def role_keys(role: Role) -> frozenset[str]:
+    return frozenset(_alias(name, f) for name, f in role.settings.model_fields.items())
+
+
+def accepted_keys(registry: Registry[Any]) -> frozenset[str]:
+    """Every key an inventory may set: ironserve's, each role's, and pyinfra's own."""
+    return stack_keys(registry).union(*(role_keys(r) for r in registry.roles)) | pyinfra_keys()
+
+
+def local_path_keys(registry: Registry[Any]) -> frozenset[str]:
+    """The keys whose value is a path on the admin's machine (fields marked with LOCAL_PATH)."""
+    return frozenset(
+        _alias(name, field)
+        for role in registry.roles
+        for name, field in role.settings.model_fields.items()
+        if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("local_path") is True
+    )
+
+
+def _model_at(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The pydantic model that validates the value at `loc` inside `model` (best effort, for suggestions)."""
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in {n, f.alias}), None)
+        if field is None:
+            return None
+        model = _model_in(field.annotation)
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in {Union, types.UnionType}:
+        return next((m for m in map(_model_in, get_args(annotation)) if m is not None), None)
+    return None
+
+
+# --- one host's problems ----------------------------------------------------------------------------------
+
+
+def _where(loc: tuple[int | str, ...], empty: str = "(inventory)") -> str:
+    if not loc:
+        return empty
+    head, *rest = loc
+    return key_text(head) + "".join(f"[{ascii(p) if isinstance(p, str) else p}]" for p in rest)
 
 
 def _accepted(error: Mapping[str, Any]) -> str:
     ctx = error.get("ctx") or {}
     if "expected" in ctx and str(ctx["expected"]) not in error["msg"]:
-        return f" (accepted: {ctx['expected']})"
+        return f" (accepted: {visible(str(ctx['expected']))})"
     if "pattern" in ctx and ctx["pattern"] not in error["msg"]:
-        return f" (accepted: text matching {ctx['pattern']})"
+        return f" (accepted: text matching {visible(str(ctx['pattern']))})"
     return ""
 
 
-def _describe(host: str, exc: ValidationError, sections: Iterable[str]) -> list[str]:
-    return [
-        f"host {host}: {_location(tuple(e['loc']), sections)}: {e['msg'].removeprefix('Value error, ')}"
-        f" (got {e['input']!r}){_accepted(e)}"
-        for e in exc.errors()
-    ]
+def _lines(
+    host: str,
+    exc: ValidationError,
+    model: type[BaseModel],
+    rename: Mapping[str, str] | None = None,
+    empty: str = "(inventory)",
+) -> list[str]:
+    """One line per pydantic error, the location written as the inventory key (`rename` maps a model
+    field to the key that sets it, e.g. the profile's `lock` to `ironserve_lock`)."""
+    lines = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        shown_loc = (rename.get(str(loc[0]), loc[0]), *loc[1:]) if rename and loc else loc
+        given = error["input"]
+        if error["type"] == "extra_forbidden":
+            parent = _model_at(model, loc[:-1])
+            fields = sorted(_alias(n, f) for n, f in parent.model_fields.items()) if parent else []
+            hint = _did_you_mean(str(loc[-1]), fields)
+            accepted = f" (accepted: {', '.join(fields)})" if fields else ""
+            lines.append(f"host {host}: {_where(shown_loc)}: unknown key (got {shown(given, loc)}){hint}{accepted}")
+            continue
+        msg = message_text(str(error["msg"]).removeprefix("Value error, "), given, loc)
+        lines.append(f"host {host}: {_where(shown_loc, empty)}: {msg} (got {shown(given, loc)}){_accepted(error)}")
+    return lines
+
+
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return visible(exc.strerror)
+    return message_text(f"{type(exc).__name__}: {exc}")
+
+
+@dataclass
+class _Section:
+    settings: BaseModel | None  # validated, or a stand-in (defaults for what failed) for the deploy checks
+    problems: list[str]
+    dropped: set[str]  # keys that failed: left out of the stand-in, so checks do not repeat them
+
+
+def _section(host: str, model: type[BaseModel], raw: dict[str, Any], prefix: str) -> _Section:
+    """Validate one role's keys; a validator that raises anything but ValueError is named by its key."""
+    problems: list[str] = []
+    dropped: set[str] = set()
+    try:
+        return _Section(model.model_validate(raw), [], set())
+    except ValidationError as exc:
+        problems = _lines(host, exc, model, empty=f"{prefix}*")
+        heads = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+        dropped = heads & set(raw) if all(e["loc"] for e in exc.errors()) else set(raw)
+    except Exception as exc:  # a validator's OSError, TypeError...: find the key it came from
+        for key, value in raw.items():
+            try:
+                model.model_validate({key: value})
+            except ValidationError:
+                continue
+            except Exception as one:
+                problems.append(
+                    f"host {host}: {key_text(key)}: cannot be checked: {_failure(one)} (got {shown(value, (key,))})"
+                )
+                dropped.add(key)
+        if not dropped:
+            problems.append(f"host {host}: {prefix}*: cannot be checked: {_failure(exc)}")
+            dropped = set(raw)
+        rest = _section(host, model, {k: v for k, v in raw.items() if k not in dropped}, prefix)
+        problems += rest.problems
+        dropped |= rest.dropped
+    try:
+        stand_in: BaseModel | None = model.model_validate({k: v for k, v in raw.items() if k not in dropped})
+    except Exception:
+        try:
+            stand_in, dropped = model.model_validate({}), set(raw)
+        except Exception:
+            stand_in = None
+    return _Section(stand_in, problems, dropped)
+
+
+def _selected_roles(host: str, raw: object, names: tuple[str, ...]) -> tuple[tuple[str, ...] | None, list[str]]:
+    accepted = f"accepted: {', '.join(names)}"
+    selected = [part.strip() for part in raw.split(",")] if isinstance(raw, str) else raw
+    if not isinstance(selected, list | tuple) or not selected:
+        return None, [
+            f'host {host}: ironserve_roles: expected a non-empty list of roles or "a,b" (got {shown(raw)}); {accepted}'
+        ]
+    problems = []
+    for i, name in enumerate(selected):
+        where = "ironserve_roles" if isinstance(raw, str) else f"ironserve_roles[{i}]"
+        if not isinstance(name, str):
+            problems.append(f"host {host}: {where}: a role is named by text (got {shown(name)}); {accepted}")
+        elif name not in names:
+            hint = _did_you_mean(name, names)
+            problems.append(f"host {host}: {where}: unknown role {shown(name)}{hint} ({accepted})")
+    return (None if problems else tuple(n for n in names if n in selected)), problems
+
+
+def _nul_path(value: object, path: tuple[int | str, ...] = ()) -> tuple[int | str, ...] | None:
+    """Where a NUL character is inside `value` (strings, and keys and values of mappings and lists)."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if isinstance(k, str) and "\x00" in k:
+                return (*path, k)
+            found = _nul_path(v, (*path, k if isinstance(k, int | str) else repr(k)))
+            if found is not None:
+                return found
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found = _nul_path(v, (*path, i))
+            if found is not None:
+                return found
+    return None
+
+
+def _host_name_problems(host: str, data: Mapping[str, Any]) -> list[str]:
+    name = host_text(host)
+    problems = []
+    if not isinstance(host, str) or not re.fullmatch(r"[!-~]+", host):
+        problems.append(
+            f"host {name}: the host name is not plain ASCII without spaces (got {shown(host)}); a look-alike letter "
+            "connects elsewhere. Accepted: ASCII letters, digits and . - _ @ : / [ ]"
+        )
+    hostname = data.get("ssh_hostname")
+    if hostname is not None and not (isinstance(hostname, str) and re.fullmatch(r"[!-~]+", hostname)):
+        problems.append(
+            f"host {name}: ssh_hostname: not a plain ASCII host name or address (got {shown(hostname)}); "
+            "accepted: ASCII letters, digits and . - : [ ]"
+        )
+    return problems
+
+
+def _unknown(host: str, key: str, value: object, registry: Registry[Any]) -> str:
+    start = f"host {host}: {key_text(key)}: unknown key (got {shown(value, (key,))})"
+    hint = _did_you_mean(key, accepted_keys(registry))
+    owners = [("ironserve", stack_keys(registry), "README.md")]
+    owners += [(r.name, role_keys(r), f"roles/{r.name}/README.md") for r in registry.roles]
+    owner = next((o for o in owners if key.startswith(o[0] + "_")), None)
+    if owner is not None:  # a misspelt key of ironserve or a role: name its keys
+        _, keys, readme = owner
+        listed = ", ".join(sorted(keys)) if len(keys) <= 10 else f"the keys in {readme}"
+        return f"{start}{hint} (accepted: {listed})"
+    if hint:
+        return start + hint
+    prefixes = ", ".join(f"{name}_*" for name in registry.names)
+    return (
+        f"{start}; accepted: ironserve_* (README.md), the roles' {prefixes} (roles/<role>/README.md) and "
+        "pyinfra's host keys (ssh_*, _sudo, _env, ...)"
+    )
+
+
+def _profile(host: str, given: Mapping[str, Any]) -> tuple[Profile | None, list[str]]:
+    name = given.get("ironserve_profile", DEFAULT_PROFILE)
+    overrides = given.get("ironserve_lock")
+    profiles = available_profiles()
+    if not isinstance(name, str) or name not in profiles:
+        hint = _did_you_mean(name, profiles) if isinstance(name, str) else ""
+        return None, [
+            f"host {host}: ironserve_profile: unknown profile {shown(name)} (accepted: {', '.join(profiles)}){hint}"
+        ]
+    if overrides is not None and not isinstance(overrides, Mapping):
+        return None, [
+            f"host {host}: ironserve_lock: expected a mapping of lock component to value such as "
+            f"{{'driver': '525.85.02'}} (got {shown(overrides, ('ironserve_lock',))})"
+        ]
+    try:
+        profile = Profile.model_validate(profile_data(name, overrides))
+    except ValidationError as exc:
+        return None, _lines(host, exc, Profile, {"lock": "ironserve_lock"})
+    except Exception as exc:
+        return None, [f"host {host}: ironserve_lock: cannot be checked: {_failure(exc)} (got {shown(overrides)})"]
+    return profile, _lock_problems(host, profile)
+
+
+def _lock_problems(host: str, profile: Profile) -> list[str]:
+    lock = profile.lock
+    if len(Version(lock.cuda).parts) < 2:  # the rules compare CUDA lines (major.minor)
+        return [
+            f"host {host}: ironserve_lock['cuda']: expected a CUDA version major.minor[.patch] such as 11.8.0 "
+            f"(got {shown(lock.cuda)})"
+        ]
+    try:
+        violations = check_lock(lock) + package_violations(lock, profile.packages)
+    except Exception as exc:
+        return [f"host {host}: ironserve_lock: the lock rules cannot be checked: {_failure(exc)}"]
+    return lock_messages(host, violations)
+
+
+@dataclass
+class _Assessment:
+    config: Any  # the validated config; after problems, a stand-in for the deploy checks (or None)
+    problems: list[str]
+    skipped: set[str]  # roles whose deploy checks would only repeat a problem already found
+    dropped: set[str]  # keys that failed
+
+
+def _assess(host: str, data: Mapping[str, Any], registry: Registry[Any]) -> _Assessment:
+    name = host_text(host)
+    problems = _host_name_problems(host, data)
+    given: dict[str, Any] = {}
+    known = stack_keys(registry).union(*(role_keys(r) for r in registry.roles))
+    pyinfra = pyinfra_keys()
+    for key, value in data.items():
+        if value is None:  # unset: the default applies
+            continue
+        if not isinstance(key, str):
+            problems.append(
+                f"host {name}: {key_text(key)}: an inventory key is text such as ironserve_profile "
+                f"(got the {type(key).__name__} {shown(key)})"
+            )
+        elif key in pyinfra:
+            continue  # pyinfra's own (connection, sudo...): pyinfra reads and checks it
+        elif key not in known:
+            problems.append(_unknown(name, key, value, registry))
+        elif (nul := _nul_path(value)) is not None:
+            problems.append(
+                f"host {name}: {_where((key, *nul))}: contains a NUL character, which no value may hold "
+                f"(got {shown(value, (key,))})"
+            )
+        else:
+            given[key] = value
+    dropped = {
+        k for k, v in data.items() if isinstance(k, str) and v is not None and k not in given and k not in pyinfra
+    }
+
+    profile, profile_problems = _profile(name, given)
+    problems += profile_problems
+    if profile is None:
+        dropped |= {"ironserve_profile", "ironserve_lock"} & set(given)
+    roles, roles_problems = _selected_roles(name, given.get("ironserve_roles", registry.names), registry.names)
+    problems += roles_problems
+    skipped: set[str] = set() if roles is not None else set(registry.names)
+
+    sections: dict[str, BaseModel | None] = {}
+    for role in registry.roles:
+        keys = role_keys(role)
+        raw = {k: v for k, v in given.items() if k in keys}
+        section = _section(name, role.settings, raw, role.name + "_")
+        problems += section.problems
+        dropped |= section.dropped
+        sections[role.name] = section.settings
+        if section.settings is None:
+            skipped.add(role.name)
+
+    top = {k: v for k, v in given.items() if k in stack_keys(registry) - STACK_INPUTS}
+    config = None
+    if all(s is not None for s in sections.values()):
+        stand_in_profile = profile or read_profile(DEFAULT_PROFILE)
+        base = {
+            "host": host,
+            "ironserve_profile": stand_in_profile.name,
+            "profile": stand_in_profile,
+            "ironserve_roles": roles or registry.names,
+            **sections,
+        }
+        stack = _section(name, registry.stack, {**base, **top}, "ironserve_")
+        problems += stack.problems
+        dropped |= stack.dropped - set(base)
+        config = stack.settings if set(base).isdisjoint(stack.dropped) else None
+    return _Assessment(config, problems, skipped, dropped)
 
 
 def build_config(host: str, data: Mapping[str, Any], registry: Registry[S]) -> S:
     """Validate one host's inventory data into the registry's stack model (role defaults fill the rest).
 
-    Raises ConfigError listing every problem, and also every broken lock rule.
+    Raises ConfigError listing every problem (unknown keys, every section's values, the lock rules).
     """
-    given = {k: v for k, v in data.items() if v is not None}
-    profile_name = given.get("ironserve_profile", DEFAULT_PROFILE)
-    try:
-        profile = profile_data(profile_name, given.get("ironserve_lock"))
-    except ValueError as exc:
-        where = "" if str(exc).startswith("ironserve_lock") else "ironserve_profile: "
-        raise ConfigError(f"host {host}: {where}{exc}") from None
-    try:
-        roles = _selected_roles(given.get("ironserve_roles", registry.names), registry.names)
-    except ValueError as exc:
-        raise ConfigError(f"host {host}: {exc}") from None
-    try:
-        config = registry.stack.model_validate(
-            {
-                "host": host,
-                "ironserve_profile": profile_name,
-                "profile": profile,
-                "ironserve_roles": roles,
-                **{k: v for k, v in given.items() if k.startswith("ironserve_") and k not in STACK_INPUTS},
-                **{role: {k: v for k, v in given.items() if k.startswith(role + "_")} for role in registry.names},
-            }
-        )
-    except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(host, exc, registry.names))) from None
-    violations = check_lock(config.lock) + package_violations(config.lock, config.profile.packages)
-    if violations:
-        raise ConfigError("\n".join(lock_messages(host, violations)))
+    assessment = _guarded(host, lambda: _assess(host, data, registry))
+    if assessment.problems:
+        raise ConfigError("\n".join(assessment.problems))
+    config: S = assessment.config
     return config
+
+
+def validate_host(host: str, data: Mapping[str, Any], registry: Registry[S]) -> S:
+    """build_config, and every selected role's required keys (check_deployable): all problems in one ConfigError."""
+    assessment = _guarded(host, lambda: _assess(host, data, registry))
+    problems = list(assessment.problems)
+    if assessment.config is not None:
+        keys = stack_keys(registry).union(*(role_keys(r) for r in registry.roles))
+        for line in _deploy_problems(assessment.config, registry, assessment.skipped):
+            # A check that names only keys already refused would repeat them ("... must be set").
+            named = {key for key in keys if re.search(rf"\b{re.escape(key)}\b", line)}
+            if not named or not named <= assessment.dropped:
+                problems.append(line)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    config: S = assessment.config
+    return config
+
+
+def _guarded(host: str, assess: Callable[[], _Assessment]) -> _Assessment:
+    try:
+        return assess()
+    except ConfigError:
+        raise
+    except Exception as exc:  # a bug of ours, not the admin's: still a message, never a traceback
+        raise ConfigError(f"host {host_text(host)}: the inventory data cannot be checked: {_failure(exc)}") from None
+
+
+def _deploy_problems(config: StackBase, registry: Registry[Any], skipped: Iterable[str] = ()) -> list[str]:
+    problems = []
+    for role in registry.roles:
+        if role.name in config.roles and role.check_deployable is not None and role.name not in set(skipped):
+            try:
+                role.check_deployable(config)
+            except ValueError as exc:
+                problems.append(f"host {host_text(config.host)}: {message_text(str(exc))}")
+            except Exception as exc:
+                problems.append(f"host {host_text(config.host)}: {role.name}: cannot be checked: {_failure(exc)}")
+    return problems
 
 
 def check_roles_deployable(config: StackBase, registry: Registry[Any]) -> None:
     """Raise ConfigError when a selected role lacks a key it cannot run without (no built-in default).
 
-    Kept out of build_config so a config can be built and inspected for any role; the deploy and
-    `ironserve deploy` call this before any host is touched.
+    Kept out of build_config so a config can be built and inspected for any role; validate_host runs
+    both, reporting every problem at once.
     """
-    problems = []
-    for role in registry.roles:
-        if role.name in config.roles and role.check_deployable is not None:
-            try:
-                role.check_deployable(config)
-            except ValueError as exc:
-                problems.append(f"host {config.host}: {exc}")
+    problems = _deploy_problems(config, registry)
     if problems:
         raise ConfigError("\n".join(problems))
 

@@ -6,19 +6,30 @@ from typing import Any
 
 from pyinfra.api.exceptions import DeployError
 
-from ironserve.config import ConfigError, Registry, StackBase, build_config, check_roles_deployable
+from ironserve.config import ConfigError, Registry, StackBase, validate_host
+from ironserve.inventory import checked_at_load
 
 
 def host_data(pyinfra_host: Any) -> dict[str, Any]:
-    """The host's inventory data (host, group and all-group data) as a plain dict."""
+    """The host's inventory data (override, host, group and all-group data) as a plain dict."""
     return dict(pyinfra_host.data.dict())
 
 
 def config_for(pyinfra_host: Any, registry: Registry[Any]) -> Any:
-    """The host's validated stack config (the registry's model); DeployError before any operation is queued."""
+    """The host's validated stack config (the registry's model); DeployError before any operation is queued.
+
+    An inventory built with `ironserve.inventory.site()` was already validated, every host, before pyinfra
+    connected; this check is the last line for any other inventory (pyinfra has connected by now, but no
+    operation has run).
+    """
     try:
-        config: StackBase = build_config(pyinfra_host.name, host_data(pyinfra_host), registry)
-        check_roles_deployable(config, registry)
+        config: StackBase = validate_host(pyinfra_host.name, host_data(pyinfra_host), registry)
         return config
     except ConfigError as exc:
-        raise DeployError(f"invalid inventory, nothing was changed:\n{exc}") from None
+        hint = (
+            ""
+            if checked_at_load()
+            else "\n(build the inventory's groups with ironserve.inventory.site() to have every host checked "
+            "before pyinfra connects)"
+        )
+        raise DeployError(f"invalid inventory, nothing was changed:\n{exc}{hint}") from None

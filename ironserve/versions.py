@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from functools import total_ordering
 
-VERSION_PATTERN = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
+# ASCII digits only (\d takes any script's digits), the whole text (`$` would let a trailing newline through).
+VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)*(\.post[0-9]+)?")
 
 
 @total_ordering
@@ -13,7 +14,7 @@ class Version:
     """Dotted numeric version compared part by part (so 525.85.02 > 525.60.13 and 12.10 > 12.9)."""
 
     def __init__(self, text: str) -> None:
-        if not VERSION_PATTERN.match(text):
+        if not isinstance(text, str) or not VERSION_PATTERN.fullmatch(text):
             raise ValueError(f"malformed version {text!r}: expected dotted numbers such as 525.85.02")
         self.text = text
         self.parts = tuple(int(p) for p in text.replace(".post", ".").split("."))

@@ -2,8 +2,10 @@
 
 `attach` installs the stand-in `lspci`, `dmidecode` and `lscpu` (ironserve/lab/standins.py) under
 /usr/local/bin with the host's hardware profile as JSON, and starts one Redfish emulator per host on this
-machine's 127.0.0.1 (the admin side, like a real iDRAC on the management network). After a Redfish reset
-the emulator writes the applied BIOS attributes into the host, so the stand-ins show the change.
+machine's 127.0.0.1 (the admin side, like a real iDRAC on the management network), over https with the
+lab's self-signed iDRAC certificate (its path and fingerprint in `extra`). A VM also gets the
+boot unit of its simulated nvidia module (ironserve/lab/standin_module.py), off until a test flags it.
+After a Redfish reset the emulator writes the applied BIOS attributes into the host, so the stand-ins show it.
 `detach` stops the emulator. Both are idempotent; the emulator's pid and URL live in the lab state.
 Each host also gets its own server of the lab's signed NVIDIA apt mirror (ironserve/lab/aptrepo.py),
 started and stopped the same way (pid, URL and key path in the host's `extra`), and one of the lab's pip
@@ -21,7 +23,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from ironserve.lab import aptrepo, redfish_emulator, remote, state, wheelhouse
+from ironserve.lab import aptrepo, redfish_emulator, remote, standin_module, state, wheelhouse
 from ironserve.lab.hardware import read_hardware_profile
 from ironserve.lab.network import GATEWAY
 from ironserve.lab.state import LabHost
@@ -40,6 +42,7 @@ def credentials_file() -> Path:
     if not path.exists():
         path.touch(mode=0o600)
         path.write_text(f"root:{secrets.token_urlsafe(18)}\n")
+    path.chmod(0o600)  # the BIOS role refuses a credentials file others can read
     return path
 
 
@@ -60,10 +63,14 @@ def install_standins(host: LabHost, attempts: int = 3) -> None:
         HARDWARE_JSON: (json.dumps(read_hardware_profile(host.hardware_profile).model_dump(), indent=1) + "\n", 0o644),
         REMOTE_LIB: (STANDINS.read_text(), 0o644),
         **{f"/usr/local/bin/{tool}": (f'#!/bin/sh\nexec python3 {REMOTE_LIB} {tool} "$@"\n', 0o755) for tool in TOOLS},
+        # A VM reboots: its simulated nvidia module (off until a test sets the flag) follows the installed driver.
+        **(standin_module.files() if host.kind == "vm" else {}),
     }
     archive = _archive(files)
     # A fresh emulator starts from the profile's BIOS, so the host forgets any earlier applied state.
     command = f"rm -f {BIOS_JSON} && tar -x --no-same-owner -C / -f -"
+    if host.kind == "vm":
+        command += f" && {standin_module.ENABLE}"
     for attempt in range(attempts):
         result = subprocess.run([*remote.ssh_argv(host), command], input=archive, capture_output=True, timeout=60)
         if result.returncode == 0:
@@ -90,15 +97,25 @@ def attach(host: LabHost, credentials: Path | None = None) -> LabHost:
     `credentials` (a `user:password` file) replaces the lab's shared one for this host's iDRAC.
     """
     install_standins(host)
+    if _running(host) and not host.extra.get("redfish_url", "").startswith("https://"):
+        redfish_emulator.stop(int(host.extra["redfish_pid"]))  # started before the lab iDRAC spoke https
     if not _running(host):
         workdir = lab_dir() / f"{host.name}-idrac"
         workdir.mkdir(parents=True, exist_ok=True)
         sync = shlex.join([*remote.ssh_argv(host), f"cat > {BIOS_JSON}"])
+        tls = redfish_emulator.certificate(lab_dir() / "idrac-tls")  # self-signed, like a factory iDRAC's
         pid, port = redfish_emulator.start(
-            host.hardware_profile, workdir, credentials or credentials_file(), sync, host.pids[0] if host.pids else None
+            host.hardware_profile,
+            workdir,
+            credentials or credentials_file(),
+            sync,
+            host.pids[0] if host.pids else None,
+            tls=tls,
         )
         host.extra["redfish_pid"] = str(pid)
-        host.extra["redfish_url"] = f"http://127.0.0.1:{port}"
+        host.extra["redfish_url"] = f"https://127.0.0.1:{port}"
+        host.extra["redfish_ca_file"] = str(tls[0])
+        host.extra["redfish_tls_fingerprint"] = redfish_emulator.fingerprint(tls[0])
     _attach_mirror(host)
     _attach_pip_index(host)
     current = state.load()
@@ -113,8 +130,8 @@ def detach(host: LabHost) -> None:
     """Stop the host's Redfish emulator (only the process this module started, by its recorded pid)."""
     if _running(host):
         redfish_emulator.stop(int(host.extra["redfish_pid"]))
-    host.extra.pop("redfish_pid", None)
-    host.extra.pop("redfish_url", None)
+    for key in ("redfish_pid", "redfish_url", "redfish_ca_file", "redfish_tls_fingerprint"):
+        host.extra.pop(key, None)
     _detach_mirror(host)
     _detach_pip_index(host)
 

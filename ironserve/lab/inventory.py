@@ -29,6 +29,9 @@ def _entry(host: state.LabHost) -> HostEntry:
     if host.extra.get("redfish_url"):  # the simulated iDRAC beside the host (ironserve/lab/edge.py)
         data["bios_redfish_address"] = host.extra["redfish_url"]
         data["bios_credentials_file"] = str(lab_dir() / "redfish-credentials")
+        # Its self-signed certificate, trusted both ways a site can: as the CA file and by its pinned fingerprint.
+        data["bios_ca_file"] = host.extra.get("redfish_ca_file")
+        data["bios_tls_fingerprint"] = host.extra.get("redfish_tls_fingerprint")
     if host.extra.get("aptrepo_url"):  # the lab NVIDIA mirror (ironserve/lab/aptrepo.py), as an air-gapped site's
         data["nvidia_repo_url"] = host.extra["aptrepo_url"]
         data["nvidia_repo_key"] = host.extra["aptrepo_key"]

@@ -9,22 +9,35 @@ needs, keeping the state in the same files:
 - POST ComputerSystem.Reset applies pending settings when a job is scheduled, except the profile's
   `bios_stuck_pending` ones, which stay pending (the job then completes with errors).
 
-Every request needs HTTP Basic credentials (from a file). Requests are logged as method and path only,
-never headers: sushy-tools prints them, Authorization included.
+Like a real iDRAC it speaks https only, with a self-signed certificate (`certificate()`: made once in the
+lab's cache, like an iDRAC's factory certificate; the lab inventory hands its path and fingerprint to the
+BIOS role). Every request needs HTTP Basic credentials (from a file). Requests are logged as method and
+path only, never headers: sushy-tools prints them, Authorization included.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import datetime
+import hashlib
+import http.server
+import ipaddress
 import json
+import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from sushy_tools.static import main as sushy_static  # type: ignore[import-untyped]
 
 from ironserve.lab import servers
@@ -45,6 +58,51 @@ EXTRA_ATTRIBUTES = {
     "SriovGlobalEnable": "Disabled",
     "MmioAbove4Gb": "Enabled",
 }
+
+
+CERTIFICATE, KEY = "idrac-cert.pem", "idrac-key.pem"
+
+
+def certificate(folder: Path) -> tuple[Path, Path]:
+    """(certificate, key) of the lab iDRAC under `folder`, made once: self-signed, EC P-256, for 127.0.0.1 and
+    localhost, valid ten years; the key is 0600."""
+    cert_path, key_path = folder / CERTIFICATE, folder / KEY
+    if cert_path.is_file() and key_path.is_file():
+        return cert_path, key_path
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ironserve lab iDRAC")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    descriptor = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def fingerprint(cert_path: Path) -> str:
+    """SHA-256 of the certificate's DER form, as `openssl x509 -fingerprint -sha256` shows it."""
+    digest = hashlib.sha256(ssl.PEM_cert_to_DER_cert(cert_path.read_text())).hexdigest().upper()
+    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
 
 
 def _odata(path: str) -> str:
@@ -316,8 +374,31 @@ class Handler(sushy_static.RequestHandler):  # type: ignore[misc]
             )
 
 
-def make_server(root: Path, port: int, credentials_file: Path, sync_command: str | None = None) -> Any:
-    """A ready (not yet serving) HTTP server for the tree under `root` on 127.0.0.1:`port` (0: any port)."""
+class TlsServer(http.server.ThreadingHTTPServer):
+    """A threading HTTPS server: each connection's TLS handshake runs in its own thread, so a client that
+    connects and says nothing (the lab's readiness probe) holds up no one."""
+
+    context: ssl.SSLContext
+
+    def finish_request(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
+        if not isinstance(request, socket.socket):
+            return
+        try:
+            request = self.context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError) as exc:
+            sys.stderr.write(f"redfish: TLS handshake with {client_address[0]} failed: {exc}\n")
+            return
+        super().finish_request(request, client_address)
+
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
+        sys.stderr.write(f"redfish: request from {client_address[0]} failed: {sys.exc_info()[1]}\n")
+
+
+def make_server(
+    root: Path, port: int, credentials_file: Path, sync_command: str | None = None, *, tls: tuple[Path, Path]
+) -> Any:
+    """A ready (not yet serving) HTTPS server for the tree under `root` on 127.0.0.1:`port` (0: any port),
+    with the certificate and key `tls`."""
     user_password = credentials_file.read_text().strip()
     handler = type(
         "BoundHandler",
@@ -328,22 +409,39 @@ def make_server(root: Path, port: int, credentials_file: Path, sync_command: str
             "sync_command": sync_command,
         },
     )
-    server = sushy_static.http_server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = TlsServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
+    server.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.context.minimum_version = ssl.TLSVersion.TLSv1_2
+    server.context.load_cert_chain(*tls)
     return server
 
 
-def serve(root: Path, port: int, credentials_file: Path, sync_command: str | None, watch_pid: int | None) -> None:
-    server = make_server(root, port, credentials_file, sync_command)
+def serve(
+    root: Path,
+    port: int,
+    credentials_file: Path,
+    sync_command: str | None,
+    watch_pid: int | None,
+    tls: tuple[Path, Path],
+) -> None:
+    server = make_server(root, port, credentials_file, sync_command, tls=tls)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     servers.exit_with(watch_pid, server.shutdown)
     server.serve_forever()
 
 
 def start(
-    profile: str, workdir: Path, credentials_file: Path, sync_command: str | None = None, watch_pid: int | None = None
+    profile: str,
+    workdir: Path,
+    credentials_file: Path,
+    sync_command: str | None = None,
+    watch_pid: int | None = None,
+    *,
+    tls: tuple[Path, Path],
 ) -> tuple[int, int]:
-    """Generate the tree for `profile` under `workdir` and serve it on 127.0.0.1; return (pid, port).
+    """Generate the tree for `profile` under `workdir` and serve it over https on 127.0.0.1 with the
+    certificate and key `tls`; return (pid, port).
 
     With `watch_pid` (the lab host's supervisor) the emulator exits by itself when the host is gone.
     """
@@ -360,6 +458,10 @@ def start(
         str(port),
         "--credentials-file",
         str(credentials_file),
+        "--tls-cert",
+        str(tls[0]),
+        "--tls-key",
+        str(tls[1]),
     ]
     if sync_command:
         argv += ["--sync", sync_command]
@@ -379,10 +481,12 @@ def main() -> int:
     parser.add_argument("--tree", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--credentials-file", type=Path, required=True)
+    parser.add_argument("--tls-cert", type=Path, required=True, help="the certificate (PEM) the emulator serves")
+    parser.add_argument("--tls-key", type=Path, required=True, help="its private key (PEM)")
     parser.add_argument("--sync", help="shell command run after a reset, the BIOS attributes as JSON on stdin")
     parser.add_argument("--watch-pid", type=int, help="exit when this process (the lab host) is gone")
     args = parser.parse_args()
-    serve(args.tree, args.port, args.credentials_file, args.sync, args.watch_pid)
+    serve(args.tree, args.port, args.credentials_file, args.sync, args.watch_pid, (args.tls_cert, args.tls_key))
     return 0
 
 

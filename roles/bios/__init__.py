@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # the registry imports this package
 
 def _client(settings: BiosSettings) -> RedfishClient:
     assert settings.redfish_address is not None
-    return RedfishClient(settings.redfish_address, load_credentials(settings.credentials_file), settings.verify_tls)
+    credentials = load_credentials(settings.credentials_file)
+    return RedfishClient(settings.redfish_address, credentials, settings.ca_file, settings.tls_fingerprint)
 
 
 def _observed(

@@ -1,26 +1,36 @@
 """A small Redfish client for a Dell iDRAC 9 and the BIOS workflow built on it (read, diff, apply, prove).
 
 Runs on the admin machine. Credentials come from the environment (IRONSERVE_REDFISH_USER,
-IRONSERVE_REDFISH_PASSWORD) or a `user:password` file outside the repository; they are sent only in the
-Authorization header and never appear in a message, a repr, a log line or a report.
+IRONSERVE_REDFISH_PASSWORD) or a private `user:password` file (0600, outside the repository); they are
+sent only in the Authorization header, only over https to an iDRAC whose certificate was verified, and
+never appear in a message, a repr, a log line or a report.
+
+Trust (`https_address`, `tls_context`): the address is `https://` with an ASCII host name or an IP literal
+(a look-alike Unicode name would be IDNA-encoded to someone else's domain). The certificate is verified
+against the system's CAs, or only against `ca_file` (the site CA or the iDRAC's own certificate, PEM),
+host name included; a pinned `fingerprint` (SHA-256 of the DER certificate) is compared right after the
+handshake of every connection, before any byte of a request is sent. Verification cannot be turned off.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import http.client
+import ipaddress
 import json
 import os
+import re
 import ssl
 import time
-import urllib.error
-import urllib.request
+import unicodedata
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ironserve.paths import REPO_ROOT
 from ironserve.run import PowerSupplyInfo
+from ironserve.secrets import credentials_refused, private_file
 
 SYSTEM = "/redfish/v1/Systems/System.Embedded.1"
 BIOS = f"{SYSTEM}/Bios"
@@ -30,10 +40,145 @@ JOBS = "/redfish/v1/Managers/iDRAC.Embedded.1/Jobs"
 POWER = "/redfish/v1/Chassis/System.Embedded.1/Power"
 ENV_USER = "IRONSERVE_REDFISH_USER"
 ENV_PASSWORD = "IRONSERVE_REDFISH_PASSWORD"
+CREDENTIALS_PLACE = (
+    f"set {ENV_USER} and {ENV_PASSWORD}, or name a `user:password` file (0600, outside the repository) in "
+    "bios_credentials_file"
+)
+TRUST_ADVICE = (
+    "trust its certificate with bios_ca_file (the site CA or the iDRAC's own, PEM) or bios_tls_fingerprint "
+    "(`openssl x509 -noout -fingerprint -sha256`)"
+)
+_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_FINGERPRINT_PREFIX = re.compile(r"^(sha-?256( fingerprint)?[=:]\s*)", re.IGNORECASE)
 
 
 class RedfishError(Exception):
     """A Redfish request failed; the message names the method, path and the service's own message only."""
+
+
+def _non_ascii(text: str) -> str:
+    shown = [f"{c!r} {unicodedata.name(c, f'U+{ord(c):04X}')}" for c in dict.fromkeys(text) if not c.isascii()]
+    return ", ".join(shown[:3])
+
+
+def https_address(url: str) -> tuple[str, int]:
+    """(host, port) of a Redfish base URL `https://HOST[:PORT][/]`, or ValueError saying what is wrong.
+
+    HOST is an IPv4 literal, a bracketed IPv6 literal or an ASCII DNS name (no IDNA A-labels `xn--`).
+    """
+    credentials_refused(url, CREDENTIALS_PLACE)
+    if not url.isascii():
+        raise ValueError(
+            f"is not ASCII ({_non_ascii(url)}): a look-alike of an ASCII name is IDNA-encoded to another "
+            "domain, which would receive the iDRAC credentials; write the ASCII name or the IP address"
+        )
+    if any(not c.isprintable() or c.isspace() or c == "\\" for c in url):
+        raise ValueError("contains a space, backslash or control character; expected https://HOST[:PORT]")
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "http":
+        raise ValueError(
+            "is plain http: the iDRAC password would cross the network in clear text; use https:// and " + TRUST_ADVICE
+        )
+    if scheme != "https" or not parts.netloc:
+        raise ValueError("is not an https:// URL such as https://10.0.0.21 or https://idrac-r740-01.example")
+    if parts.path not in {"", "/"} or parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ValueError("is the iDRAC's base URL only (https://HOST[:PORT]), without a path or query")
+    return _host_port(parts.netloc)
+
+
+def _host_port(netloc: str) -> tuple[str, int]:
+    if netloc.startswith("["):
+        literal, bracket, rest = netloc[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            raise ValueError(f"[{literal}] is not an IPv6 address") from None
+        host = literal
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError("expected [IPv6]:PORT after the scheme")
+        port_text = rest[1:] if rest else ""
+    else:
+        host, colon, port_text = netloc.partition(":")
+        if colon and not port_text:
+            raise ValueError("a port number must follow the colon")
+        _check_host(host)
+    if port_text and not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
+        raise ValueError("the port must be a number from 1 to 65535")
+    return host, int(port_text) if port_text else 443
+
+
+def _check_host(host: str) -> None:
+    try:
+        ipaddress.IPv4Address(host)
+        return
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    labels = name.split(".")
+    if not name or len(name) > 253 or not all(_LABEL.match(label) for label in labels):
+        raise ValueError(f"{host!r} is neither an IP address nor a DNS name of letters, digits and hyphens")
+    if labels[-1].isdigit():
+        raise ValueError(f"{host!r} looks like an IPv4 address but is not one")
+    if any(label.lower().startswith("xn--") for label in labels):
+        raise ValueError(
+            f"{host!r} is an IDNA-encoded (xn--) name, which can spell a look-alike of another; "
+            "write the iDRAC's ASCII name or its IP address"
+        )
+
+
+def normalised_fingerprint(text: str) -> str:
+    """A SHA-256 certificate fingerprint as 64 lowercase hex digits, from `AB:CD:...`, hex, or openssl's
+    `sha256 Fingerprint=AB:...`; ValueError otherwise."""
+    digits = _FINGERPRINT_PREFIX.sub("", text.strip()).replace(":", "").lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digits):
+        raise ValueError(
+            "is not a SHA-256 fingerprint: expected 64 hex digits, colons allowed "
+            "(`openssl x509 -noout -fingerprint -sha256 -in idrac.pem`)"
+        )
+    return digits
+
+
+def _colons(digest: str) -> str:
+    return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2)).upper()
+
+
+def tls_context(ca_file: str | None = None, fingerprint: str | None = None) -> ssl.SSLContext:
+    """The TLS context of the iDRAC connections: the chain and host name verified against `ca_file` (only
+    that file) or the system CAs; with a pinned fingerprint and no CA file, the pin alone decides (a
+    self-signed factory certificate names no CA and often not the address it is reached at)."""
+    context = ssl.create_default_context(cafile=ca_file)
+    if fingerprint is not None and ca_file is None:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # replaced by the pin, checked in _Connection.connect
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+class CertificateMismatch(OSError):
+    """The iDRAC presented a certificate other than the pinned one; nothing was sent."""
+
+    def __init__(self, presented: str) -> None:
+        super().__init__(presented)
+        self.presented = presented
+
+
+class _Connection(http.client.HTTPSConnection):
+    """An https connection that compares the certificate's SHA-256 with the pin right after the handshake."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext, fingerprint: str | None, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self.fingerprint = fingerprint
+
+    def connect(self) -> None:
+        super().connect()
+        if self.fingerprint is None:
+            return
+        der = self.sock.getpeercert(binary_form=True) if isinstance(self.sock, ssl.SSLSocket) else None
+        presented = hashlib.sha256(der).hexdigest() if der else "none"
+        if presented != self.fingerprint:
+            self.close()
+            raise CertificateMismatch(presented)
 
 
 @dataclass(frozen=True)
@@ -50,23 +195,24 @@ class Credentials:
 
 
 def load_credentials(file: str | None, environ: Mapping[str, str] | None = None) -> Credentials:
-    """Credentials from `file` (`user:password`, outside the repository) or from the environment."""
+    """Credentials from `file` (`user:password`, 0600, outside the repository) or from the environment."""
     env = os.environ if environ is None else environ
     if file:
-        path = Path(file).expanduser().resolve()
-        if path.is_relative_to(REPO_ROOT):
-            raise RedfishError(f"bios_credentials_file {file} is inside the repository; keep credentials outside it")
+        try:
+            path = private_file(file)
+        except ValueError as exc:
+            raise RedfishError(f"bios_credentials_file {exc}") from None
         try:
             text = path.read_text().strip()
-        except OSError as exc:
-            raise RedfishError(f"bios_credentials_file {file}: {exc.strerror}") from None
+        except (OSError, UnicodeDecodeError):
+            raise RedfishError(f"bios_credentials_file {file} cannot be read") from None
         user, sep, password = text.partition(":")
-        if not sep or not user:
+        if not sep or not user or "\n" in text:
             raise RedfishError(f"bios_credentials_file {file}: expected one line 'user:password'")
         return Credentials(user, password)
     env_user, env_password = env.get(ENV_USER), env.get(ENV_PASSWORD)
     if not env_user or env_password is None:
-        raise RedfishError(f"no iDRAC credentials: set {ENV_USER} and {ENV_PASSWORD}, or bios_credentials_file")
+        raise RedfishError(f"no iDRAC credentials: {CREDENTIALS_PLACE}")
     return Credentials(env_user, env_password)
 
 
@@ -78,14 +224,31 @@ class Response:
 
 
 class RedfishClient:
-    def __init__(self, base_url: str, credentials: Credentials, verify_tls: bool = True, timeout_s: float = 30) -> None:
+    """Requests to one iDRAC over verified https (see the module's docstring); redirects are not followed."""
+
+    def __init__(
+        self,
+        base_url: str,
+        credentials: Credentials,
+        ca_file: str | None = None,
+        fingerprint: str | None = None,
+        timeout_s: float = 30,
+    ) -> None:
+        try:
+            self.host, self.port = https_address(base_url)
+        except ValueError as exc:
+            raise RedfishError(f"bios_redfish_address {exc}") from None
+        try:
+            self.fingerprint = normalised_fingerprint(fingerprint) if fingerprint is not None else None
+        except ValueError as exc:
+            raise RedfishError(f"bios_tls_fingerprint {exc}") from None
+        try:
+            self._context = tls_context(ca_file, self.fingerprint)
+        except (ssl.SSLError, OSError):
+            raise RedfishError(f"bios_ca_file {ca_file} holds no PEM certificate") from None
         self.base_url = base_url.rstrip("/")
         self._credentials = credentials
         self.timeout_s = timeout_s
-        self._context = ssl.create_default_context()
-        if not verify_tls:
-            self._context.check_hostname = False
-            self._context.verify_mode = ssl.CERT_NONE
         self.requests: list[tuple[str, str]] = []  # (method, path) sent, for tests and the report
 
     def __repr__(self) -> str:
@@ -93,22 +256,35 @@ class RedfishClient:
 
     def request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Response:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data, method=method)
-        req.add_header("Authorization", self._credentials.header())
-        req.add_header("Accept", "application/json")
+        headers = {"Authorization": self._credentials.header(), "Accept": "application/json"}
         if data is not None:
-            req.add_header("Content-Type", "application/json")
+            headers["Content-Type"] = "application/json"
         self.requests.append((method, path))
-        context = self._context if self.base_url.startswith("https:") else None
+        connection = _Connection(self.host, self.port, self._context, self.fingerprint, self.timeout_s)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s, context=context) as resp:
-                return Response(resp.status, dict(resp.headers.items()), _json(resp.read()))
-        except urllib.error.HTTPError as exc:
-            message = _redfish_message(_json(exc.read())) or exc.reason
-            raise RedfishError(f"{method} {path}: HTTP {exc.code}: {message}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise RedfishError(f"{method} {path}: cannot reach {self.base_url}: {reason}") from None
+            connection.request(method, path, body=data, headers=headers)
+            response = connection.getresponse()
+            status, reason, raw = response.status, response.reason, response.read()
+            answer_headers = dict(response.getheaders())
+        except CertificateMismatch as exc:
+            raise RedfishError(
+                f"{method} {path}: {self.base_url} presented a certificate with SHA-256 fingerprint "
+                f"{_colons(exc.presented)}, not the pinned bios_tls_fingerprint; nothing was sent (if the iDRAC's "
+                "certificate was replaced, compare it on the iDRAC's console before pinning it)"
+            ) from None
+        except ssl.SSLCertVerificationError as exc:
+            raise RedfishError(
+                f"{method} {path}: the certificate of {self.base_url} is not trusted ({exc.verify_message}); "
+                + TRUST_ADVICE
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise RedfishError(f"{method} {path}: cannot reach {self.base_url}: {exc}") from None
+        finally:
+            connection.close()
+        if status >= 300:
+            message = _redfish_message(_json(raw)) or reason
+            raise RedfishError(f"{method} {path}: HTTP {status}: {message}")
+        return Response(status, answer_headers, _json(raw))
 
     def get(self, path: str) -> dict[str, Any]:
         return self.request("GET", path).body

@@ -2,16 +2,21 @@
 
 The desired attributes are profile data (`hardware.bios_attributes` in `ironserve/profiles/<name>.yaml`).
 Credentials are never inventory data: they come from IRONSERVE_REDFISH_USER / IRONSERVE_REDFISH_PASSWORD
-or from the file named by bios_credentials_file (outside the repository, `user:password` on one line).
+or from the file named by bios_credentials_file (0600, outside the repository, `user:password` on one line).
+The iDRAC is reached over https only, its certificate verified (bios_ca_file, bios_tls_fingerprint).
 """
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from ironserve.config import RoleSettings
+from ironserve.config import LOCAL_PATH, RoleSettings
+from ironserve.secrets import private_file
+from roles.bios.redfish import https_address, normalised_fingerprint
 
 
 class BiosSettings(RoleSettings):
@@ -20,9 +25,9 @@ class BiosSettings(RoleSettings):
     redfish_address: str | None = Field(
         None,
         alias="bios_redfish_address",
-        pattern=r"^https?://[\w.:\[\]-]+/?$",
-        description="The iDRAC's Redfish base URL (`https://10.0.0.21`); None: the BIOS is not checked out of "
-        "band (reported as skip).",
+        description="The iDRAC's Redfish base URL, https only (`https://10.0.0.21`, `https://idrac-r740-01.example`: "
+        "an ASCII name or an IP address, no credentials); None: the BIOS is not checked out of band (reported "
+        "as skip).",
     )
     mode: Literal["check", "apply"] = Field(
         "check",
@@ -40,14 +45,24 @@ class BiosSettings(RoleSettings):
     credentials_file: str | None = Field(
         None,
         alias="bios_credentials_file",
-        description="A file outside the repository holding `user:password`; None: IRONSERVE_REDFISH_USER / "
-        "IRONSERVE_REDFISH_PASSWORD.",
+        json_schema_extra=LOCAL_PATH,
+        description="A file on the admin machine holding `user:password` (mode 0600, outside the repository); "
+        "None: IRONSERVE_REDFISH_USER / IRONSERVE_REDFISH_PASSWORD.",
     )
-    verify_tls: bool = Field(
-        True,
-        alias="bios_verify_tls",
-        description="Verify the iDRAC's TLS certificate (turn off only for a factory self-signed certificate "
-        "you trust).",
+    ca_file: str | None = Field(
+        None,
+        alias="bios_ca_file",
+        json_schema_extra=LOCAL_PATH,
+        description="PEM file on the admin machine the iDRAC's certificate is verified against, instead of the "
+        "system CAs: the site CA, or the iDRAC's own self-signed certificate; the certificate must name "
+        "the address (else pin it). None: the system CAs.",
+    )
+    tls_fingerprint: str | None = Field(
+        None,
+        alias="bios_tls_fingerprint",
+        description="SHA-256 fingerprint of the iDRAC's certificate (DER; `AB:CD:...` or 64 hex digits), checked on "
+        "every connection before anything is sent; alone it replaces CA and name checks (a factory "
+        "self-signed certificate), with bios_ca_file both must hold.",
     )
     apply_timeout_s: int = Field(
         900,
@@ -56,3 +71,37 @@ class BiosSettings(RoleSettings):
         le=7200,
         description="Seconds to wait for the Dell job and the re-read after a reset.",
     )
+
+    @field_validator("redfish_address", mode="before")
+    @classmethod
+    def _https_ascii(cls, value: object) -> object:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError("expected the iDRAC's https:// URL such as https://10.0.0.21")
+        https_address(value)
+        return value.rstrip("/")
+
+    @field_validator("credentials_file")
+    @classmethod
+    def _private(cls, value: str | None) -> str | None:
+        return None if value is None else str(private_file(value))
+
+    @field_validator("ca_file")
+    @classmethod
+    def _certificates(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"{path} is not a file on this machine")
+        try:
+            ssl.create_default_context(cafile=str(path))
+        except (ssl.SSLError, OSError, ValueError):
+            raise ValueError(f"{path} holds no PEM certificate") from None
+        return str(path.resolve())
+
+    @field_validator("tls_fingerprint", mode="before")
+    @classmethod
+    def _fingerprint(cls, value: object) -> object:
+        return normalised_fingerprint(value) if isinstance(value, str) else value

@@ -2,12 +2,61 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from ironserve.config import RoleSettings
-from ironserve.validators import ABS_PATH, PackageName, PackageVersion, canonical_sysctls
+from ironserve.validators import (
+    PackageName,
+    PackageVersion,
+    canonical_sysctls,
+    check_allowed_sysctl_key,
+    check_path,
+    fullmatch,
+    path_rule,
+)
+
+# modprobe names: a-z 0-9 _ (MODULE_NAME_LEN is 56 with the NUL).
+MODULE = re.compile(r"[a-z0-9_]{1,55}")
+# A device-mapper name (dmsetup(8): no /, at most 127 characters).
+DM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,126}")
+SIZE = re.compile(r"[1-9][0-9]{0,5}(MB|GB|TB)")
+# containerd runs the runtime binary as root for every GPU pod: only where the NVIDIA container toolkit installs
+# it (the package: /usr/bin; a tarball or the GPU operator: /usr/local/bin, /usr/local/nvidia/toolkit), with its
+# mode suffixes (.cdi, .legacy).
+NVIDIA_RUNTIME = re.compile(r"(/usr/bin|/usr/local/bin|/usr/local/nvidia/toolkit)/nvidia-container-runtime(\.[a-z]+)?")
+
+DevmapperRoot = Annotated[str, path_rule(("/var/lib/containerd",), example="/var/lib/containerd/devmapper")]
+
+
+def _nvidia_runtime(value: str) -> str:
+    check_path(value)
+    if not fullmatch(NVIDIA_RUNTIME, value):
+        raise ValueError(
+            "is not where the NVIDIA container toolkit installs its runtime; accepted: /usr/bin, /usr/local/bin or "
+            "/usr/local/nvidia/toolkit + /nvidia-container-runtime[.cdi|.legacy]"
+        )
+    return value
+
+
+def _module(value: str) -> str:
+    if not fullmatch(MODULE, value):
+        raise ValueError("is not a kernel module name; accepted: a-z 0-9 _ (at most 55), such as br_netfilter")
+    return value
+
+
+def _dm_name(value: str) -> str:
+    if not fullmatch(DM_NAME, value):
+        raise ValueError("is not a device-mapper name; accepted: A-Z a-z 0-9 _ . + - (no /), such as containerd-pool")
+    return value
+
+
+def _size(value: str) -> str:
+    if not fullmatch(SIZE, value):
+        raise ValueError("is not a size; accepted: a number of up to 6 digits then MB, GB or TB, such as 40GB")
+    return value
 
 
 class ContainerRuntimeSettings(RoleSettings):
@@ -25,11 +74,11 @@ class ContainerRuntimeSettings(RoleSettings):
         description="cri-nvidia-runtime: containerd's `default_runtime_name`, the runtime a pod that names "
         "none gets: runc or nvidia.",
     )
-    nvidia_binary: str = Field(
+    nvidia_binary: Annotated[str, AfterValidator(_nvidia_runtime)] = Field(
         "/usr/bin/nvidia-container-runtime",
         alias="container_runtime_nvidia_binary",
-        pattern=ABS_PATH,
-        description='cri-nvidia-runtime: `BinaryName` of the runtime "nvidia" (always registered).',
+        description='cri-nvidia-runtime: `BinaryName` of the runtime "nvidia" (always registered), run as root by '
+        "containerd: nvidia-container-runtime[.cdi|.legacy] in /usr/bin, /usr/local/bin or /usr/local/nvidia/toolkit.",
     )
     snapshotter: Literal["overlayfs", "devmapper"] = Field(
         "overlayfs",
@@ -37,46 +86,53 @@ class ContainerRuntimeSettings(RoleSettings):
         description="cri-devmapper-snapshotter (correction): overlayfs by default; devmapper needs the "
         "thin-pool below.",
     )
-    devmapper_pool_name: str | None = Field(
+    devmapper_pool_name: Annotated[str, AfterValidator(_dm_name)] | None = Field(
         None,
         alias="container_runtime_devmapper_pool_name",
-        pattern=r"^[\w.-]+$",
         description="devmapper only: the LVM thin-pool's device-mapper name; required when devmapper is chosen.",
     )
-    devmapper_root_path: str = Field(
+    devmapper_root_path: DevmapperRoot = Field(
         "/var/lib/containerd/devmapper",
         alias="container_runtime_devmapper_root_path",
-        pattern=ABS_PATH,
-        description="devmapper only: the snapshotter's metadata folder.",
+        description="devmapper only: the snapshotter's metadata folder, inside /var/lib/containerd (containerd's "
+        "root).",
     )
-    devmapper_base_image_size: str = Field(
+    devmapper_base_image_size: Annotated[str, AfterValidator(_size)] = Field(
         "40GB",
         alias="container_runtime_devmapper_base_image_size",
-        pattern=r"^[1-9][0-9]*(MB|GB|TB)$",
         description="devmapper only: each image's base size.",
     )
-    cni_bin_dir: str = Field(
+    cni_bin_dir: Annotated[
+        str, path_rule(("/opt/cni", "/usr/lib/cni", "/usr/libexec/cni"), inclusive=True, example="/opt/cni/bin")
+    ] = Field(
         "/opt/cni/bin",
         alias="container_runtime_cni_bin_dir",
-        pattern=ABS_PATH,
-        description="CNI plugin binaries (created; the Kubernetes network add-on fills it).",
+        description="CNI plugin binaries (created root 0755; the Kubernetes network add-on fills it): /opt/cni/..., "
+        "or Debian's /usr/lib/cni or /usr/libexec/cni.",
     )
-    cni_conf_dir: str = Field(
+    cni_conf_dir: Annotated[str, path_rule(("/etc/cni",), example="/etc/cni/net.d")] = Field(
         "/etc/cni/net.d",
         alias="container_runtime_cni_conf_dir",
-        pattern=ABS_PATH,
-        description="CNI network configs (created; the Kubernetes network add-on fills it).",
+        description="CNI network configs (created root 0755; the Kubernetes network add-on fills it), inside /etc/cni.",
     )
-    kernel_modules: tuple[Annotated[str, Field(pattern=r"^[a-z0-9_]+$")], ...] = Field(
+    kernel_modules: tuple[Annotated[str, AfterValidator(_module)], ...] = Field(
         ("overlay", "br_netfilter"),
         alias="container_runtime_kernel_modules",
         description="Kernel modules containers and Kubernetes need: loaded now and listed in "
         "/etc/modules-load.d/ironserve-containers.conf.",
     )
+    allow_sysctl_keys: tuple[Annotated[str, AfterValidator(check_allowed_sysctl_key)], ...] = Field(
+        (),
+        alias="container_runtime_allow_sysctl_keys",
+        description="Opt-in: sysctl keys outside the catalog's that container_runtime_sysctls may set (each a "
+        "bounded integer, 0 to 2147483647).",
+    )
     sysctls: dict[str, str] = Field(
         default_factory=lambda: {"net.ipv4.ip_forward": "1", "net.bridge.bridge-nf-call-iptables": "1"},
         alias="container_runtime_sysctls",
-        description="Pod-networking sysctls: /etc/sysctl.d/91-ironserve-containers.conf, applied live.",
+        description="Pod-networking sysctls: /etc/sysctl.d/91-ironserve-containers.conf, applied live; ASCII "
+        "integers in the kernel's bounds, keys from the catalog (the host_tuning README lists them) or "
+        "container_runtime_allow_sysctl_keys.",
     )
     swap_off: bool = Field(
         True,
@@ -86,8 +142,8 @@ class ContainerRuntimeSettings(RoleSettings):
 
     @field_validator("sysctls", mode="before")
     @classmethod
-    def _sysctls(cls, raw: object) -> dict[str, str]:
-        return canonical_sysctls(raw)
+    def _sysctls(cls, raw: object, info: ValidationInfo) -> dict[str, str]:
+        return canonical_sysctls(raw, info.data.get("allow_sysctl_keys"), "container_runtime_allow_sysctl_keys")
 
     @field_validator("packages")
     @classmethod

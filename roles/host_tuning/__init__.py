@@ -8,6 +8,7 @@ running kernel lacks is a reboot need, honoured once at the end of the deploy (i
 
 from __future__ import annotations
 
+import re
 from importlib.resources import files as package_files
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,22 @@ TEMPLATES = package_files(__package__) / "templates"
 CGROUP_V2_ARG = "systemd.unified_cgroup_hierarchy=1"
 
 
+# /etc/default/grub is shell, sourced by update-grub as root: inside GRUB_CMDLINE_LINUX's double quotes these
+# would be expanded or end the string (and sed's replacement text treats the backslash specially too).
+GRUB_SHELL_CHARACTERS = re.compile(r'[\\"$`\n]')
+
+
+def grub_assignment(args: list[str]) -> str:
+    """The GRUB_CMDLINE_LINUX line for `args`; OperationError when an argument (one read back from the host
+    included: the inventory's cannot) holds a character the shell would expand inside the double quotes."""
+    unsafe = [arg for arg in args if GRUB_SHELL_CHARACTERS.search(arg)]
+    if unsafe:
+        raise OperationError(
+            f"/etc/default/grub: GRUB_CMDLINE_LINUX would carry shell characters in {unsafe!r}; edit it by hand"
+        )
+    return f'GRUB_CMDLINE_LINUX="{" ".join(args)}"'
+
+
 @operation()
 def grub_kernel_args(args: tuple[str, ...]) -> Commands:
     """Make GRUB_CMDLINE_LINUX carry `args` and regenerate grub.cfg when it changes."""
@@ -44,8 +61,9 @@ def grub_kernel_args(args: tuple[str, ...]) -> Commands:
     if wanted == current:
         host.noop(f"GRUB_CMDLINE_LINUX carries {' '.join(args)}")
         return
-    line = f'GRUB_CMDLINE_LINUX="{" ".join(wanted)}"'
-    yield from files.line._inner(path="/etc/default/grub", line="^GRUB_CMDLINE_LINUX=.*", replace=line)
+    yield from files.line._inner(
+        path="/etc/default/grub", line="^GRUB_CMDLINE_LINUX=.*", replace=grub_assignment(wanted)
+    )
     yield "update-grub"
 
 

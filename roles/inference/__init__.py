@@ -9,6 +9,8 @@ seccomp filter of roles/security (its drop-in for `ai-service@.service`).
 
 from __future__ import annotations
 
+import posixpath
+from collections.abc import Mapping
 from importlib.resources import files as package_files
 from io import StringIO
 from pathlib import Path
@@ -21,7 +23,8 @@ from pyinfra.operations import apt, files, systemd
 
 from ironserve.operations import daemon_reloaded, restarted_when_stale
 from ironserve.run import HostRun
-from roles.inference.operations import locked_environment, runtime_dirs, service_package, serving
+from ironserve.validators import check_environment, systemd_quoted
+from roles.inference.operations import locked_environment, model_version_dir, runtime_dirs, service_package, serving
 from roles.inference.render import lock_pins, prometheus_config, service_wheel, service_yaml
 from roles.inference.settings import CONFIG_PATH, ENGINE_UNIT, RUN_DIR, check_deployable
 
@@ -48,6 +51,12 @@ UNIT_DIR = "/etc/systemd/system"
 ENGINE_TEMPLATE = ENGINE_UNIT.format(colour="")
 ENGINES = [ENGINE_UNIT.format(colour=colour) for colour in COLOURS]
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
+
+
+def environment_assignments(env: Mapping[str, str]) -> list[str]:
+    """Each variable as one quoted `Environment=` word ("NAME=value", backslash and quote escaped, % doubled),
+    checked again: no control character can end the line and add a directive to the unit."""
+    return [systemd_quoted(f"{name}={value}") for name, value in check_environment(env).items()]
 
 
 def _unit(template: str, unit: str, name: str, **context: Any) -> None:
@@ -88,12 +97,14 @@ def _install_model(config: StackConfig, settings: ServiceSettings, version: str)
     security = config.security
     source = config.inference.model_source
     assert source is not None  # check_deployable
-    root = settings.swap.models_root
-    files.directory(name="Model versions", path=str(root), user="root", group=security.group, mode="750")
+    # The deletion guard, right before the sync: the destination is <models root>/<version>, both validated.
+    dest = model_version_dir(str(settings.swap.models_root), version)
+    root = posixpath.dirname(dest)
+    files.directory(name="Model versions", path=root, user="root", group=security.group, mode="750")
     files.sync(
         name=f"Model version {version}",
         src=str(source),
-        dest=str(root / version),
+        dest=dest,
         user="root",
         group=security.group,
         mode="640",
@@ -136,7 +147,7 @@ def _units(config: StackConfig, settings: ServiceSettings, version: str) -> None
         "Engine unit template (blue/green)",
         run_dir=str(RUN_DIR),
         state_dir=security.state_dir,
-        environment=inference.engine_environment,
+        environment=environment_assignments(inference.engine_environment),
         stop_timeout_s=int(settings.readiness.drain_timeout_s) + 30,
         **common,
     )
@@ -186,7 +197,10 @@ def _prometheus(settings: ServiceSettings) -> None:
 
 def inference_deployable(config: StackConfig) -> None:
     """The index, the lock and the sealed model have no default; the engines need the security drop-in."""
-    check_deployable(config.inference, config.security.model_dir, config.security.service_units)
+    security = config.security
+    check_deployable(
+        config.inference, security.model_dir, security.service_units, (security.state_dir, security.log_dir)
+    )
 
 
 @deploy("Inference service")

@@ -1,18 +1,44 @@
-"""The inference role's operations: each reads state through facts and yields commands only when it differs."""
+"""The inference role's operations: each reads state through facts and yields commands only when it differs.
+
+Every value from the configuration reaches the shell as a QuoteString (shlex.quote); `model_version_dir` is the
+deletion guard the model sync's destination passes right before the sync.
+"""
 
 from __future__ import annotations
 
+import posixpath
+import shlex
 from urllib.parse import urlsplit
 
 from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.exceptions import OperationError
 from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import Directory, File
 
 from ironserve.operations import Commands
+from ironserve.validators import SYSTEM_DIRS, check_model_version, check_path
 from roles.inference.facts import ServingStatus, VenvPackages
 from roles.inference.render import environment_drift
+from roles.inference.settings import MODELS_ROOTS
+
+
+def model_version_dir(models_root: str, version: str) -> str:
+    """<models_root>/<version>, the only directory the model sync (delete=True) may delete in, checked again.
+
+    Pure: raises OperationError for /, a system directory, a root outside the documented models roots, a
+    version that is not YYYYMMDD-HHMMSS, or a result that is not a direct child of models_root.
+    """
+    try:
+        root = check_path(models_root, roots=MODELS_ROOTS)
+        check_model_version(version)
+    except ValueError as exc:
+        raise OperationError(f"model sync with deletion refused: {models_root!r}, {version!r}: {exc}") from None
+    dest = posixpath.join(root, version)
+    if posixpath.normpath(dest) != dest or posixpath.dirname(dest) != root or dest in SYSTEM_DIRS:
+        raise OperationError(f"model sync with deletion refused: {dest!r} is not a version directory in {root}")
+    return dest
 
 
 @operation()
@@ -21,13 +47,13 @@ def locked_environment(venv: str, python: str, lock: str, pins: dict[str, str], 
     --require-hashes from the configured index, packages beside the lock removed."""
     installed = host.get_fact(VenvPackages, venv=venv)
     if installed is None:
-        yield StringCommand(python, "-m", "venv", QuoteString(venv))
+        yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(venv))
         installed = {}
     wrong, extra = environment_drift(pins, installed)
     if not wrong and not extra:
         host.noop(f"{venv}: {len(pins)} packages at their locked versions")
         return
-    pip = f"{venv}/bin/pip"
+    pip = QuoteString(f"{venv}/bin/pip")
     if extra:
         yield StringCommand(pip, "uninstall", "--yes", *map(QuoteString, extra))
     if wrong:
@@ -53,10 +79,11 @@ def service_package(venv: str, wheel: str, digest: str) -> Commands:
         host.noop(f"ironserve-service {installed['ironserve-service']} from sources {digest}")
         return
     yield StringCommand(
-        f"{venv}/bin/pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--force-reinstall",
-        QuoteString(wheel),
+        QuoteString(f"{venv}/bin/pip"), "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+        "--force-reinstall", QuoteString(wheel),
     )  # fmt: skip
-    yield f"rm -f {venv}/.ironserve-service-* && touch {marker}"
+    # The glob stays outside the quotes: only the old markers in this venv match it.
+    yield f"rm -f {shlex.quote(venv)}/.ironserve-service-* && touch {shlex.quote(marker)}"
 
 
 @operation()
@@ -80,4 +107,7 @@ def serving(venv: str, config: str, model: str, version: str) -> Commands:
     if status and status.get("active") == version and status.get("ready"):
         host.noop(f"{model} {version} serving on {status['colour']}")
         return
-    yield StringCommand(f"{venv}/bin/ironserve-service", "swap", model, version, "--config", config)
+    yield StringCommand(
+        QuoteString(f"{venv}/bin/ironserve-service"), "swap", QuoteString(model), QuoteString(version), "--config",
+        QuoteString(config),
+    )  # fmt: skip

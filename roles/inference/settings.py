@@ -8,21 +8,84 @@ inventory may override every other key through `inference_service`.
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
-from ironserve_service.artifacts import MANIFEST_NAME, RELEASE_NAME
+from ironserve_service.artifacts import MANIFEST_NAME, RELEASE_NAME, ArtifactError, parse_manifest
 from ironserve_service.settings import ServiceSettings
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from ironserve.config import RoleSettings
-from ironserve.validators import ABS_PATH
+from ironserve.config import LOCAL_PATH, RoleSettings
+from ironserve.secrets import credential_paths, credentials_refused
+from ironserve.validators import (
+    check_environment,
+    check_model_version,
+    check_path,
+    control_characters,
+    fullmatch,
+    is_within,
+    path_rule,
+    release_version,
+)
 
 ENGINE_UNIT = "ai-service@{colour}.service"
 CONFIG_PATH = Path("/etc/ironserve/service.yaml")
 RUN_DIR = Path("/run/ironserve")
 ROUTER_DIR = Path("/etc/ironserve/envoy")
+# The distribution's own interpreter (Debian 12: python3.11; Ubuntu 22.04: python3.10), never conda or pyenv.
+PYTHON = re.compile(r"/usr/bin/python3(\.[0-9]{1,2})?")
+# Model names: etcd keys, a directory under the models root, a unit file's Description= (no % specifiers).
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Where the venv and the model versions may live (created root-owned; the sync deletes inside a version).
+VENV_ROOTS = ("/opt", "/srv", "/var/lib")
+MODELS_ROOTS = ("/srv", "/opt", "/var/lib", "/data", "/mnt")
+
+
+def _python(value: str) -> str:
+    if not fullmatch(PYTHON, value):
+        raise ValueError("is not the distribution's Python; accepted: /usr/bin/python3 or /usr/bin/python3.<minor>")
+    return value
+
+
+def _model_name(value: str) -> str:
+    if not fullmatch(MODEL_NAME, value):
+        raise ValueError("is not a model name; accepted: a letter or digit, then A-Z a-z 0-9 _ . - (at most 64)")
+    return value
+
+
+def _index_url(value: str) -> str:
+    accepted = "an http(s)://host[:port]/path/ or file:///path URL of printable ASCII"
+    if control_characters(value) or not value.isascii() or " " in value:
+        raise ValueError(f"contains spaces, control or non-ASCII characters; accepted: {accepted}")
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # ValueError outside 0-65535
+    except ValueError as exc:
+        problem = "its port is outside 1-65535" if "Port" in str(exc) else "is not a URL"
+        raise ValueError(f"{problem}; accepted: {accepted}") from None
+    if parts.scheme not in {"http", "https", "file"}:
+        raise ValueError(f"scheme {parts.scheme!r} is not http, https or file; accepted: {accepted}")
+    if parts.scheme != "file" and not parts.hostname:
+        raise ValueError(f"names no host; accepted: {accepted}")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"port {port} is outside 1-65535; accepted: {accepted}")
+    return value
+
+
+# Where credentials go instead of a URL (roles/inference keeps none of them in inventory values).
+PIP_CREDENTIALS = (
+    "give the index URL without them: pip reads the login from /root/.netrc on the host (0600, `machine HOST login "
+    "USER password PASS`) or from keyring; ironserve installs neither"
+)
+SERVICE_CREDENTIALS = (
+    "never in inventory values: service.yaml is world-readable (0644) and the service has no credentials setting "
+    "(etcd is reached without a login); keep etcd and metrics endpoints on trusted addresses (127.0.0.1, the "
+    "management network)"
+)
+
+
 # Keys the role sets from the host layout; an override in inference_service would break the units.
 ROLE_OWNED = {
     ("engine", "model_dir"),
@@ -39,62 +102,62 @@ ROLE_OWNED = {
 class InferenceSettings(RoleSettings):
     """Settings of roles/inference."""
 
-    pip_index_url: str | None = Field(
+    pip_index_url: Annotated[str, AfterValidator(_index_url)] | None = Field(
         None,
         alias="inference_pip_index_url",
-        pattern=r"^(https?|file)://\S+$",
         description="PEP 503 index of the site's PyPI/PyTorch mirror (py-pip-official-index; the lab: its "
         "wheelhouse), masked in pyinfra's output. Required.",
     )
     requirements: Path | None = Field(
         None,
         alias="inference_requirements",
+        json_schema_extra=LOCAL_PATH,
         description="Hash-locked requirements on the deploy machine (pip --require-hashes; lab: "
         "ironserve/lab/files/requirements-cpu.lock): vLLM, torch and the service's dependencies "
         "(py-deps, py-torch-sha256). Required.",
     )
-    python: str = Field(
+    python: Annotated[str, AfterValidator(_python)] = Field(
         "/usr/bin/python3",
         alias="inference_python",
-        pattern=ABS_PATH,
         description="The interpreter the venv is created from: the distribution's own Python (Debian 12: "
         "3.11; Ubuntu 22.04: 3.10), never conda or pyenv.",
     )
-    venv: str = Field(
+    venv: Annotated[str, path_rule(VENV_ROOTS, example="/opt/ironserve/venv")] = Field(
         "/opt/ironserve/venv",
         alias="inference_venv",
-        pattern=ABS_PATH,
-        description="Where the environment lives on the host (vLLM, the ironserve-service package, Envoy's binary).",
+        description="Where the environment lives on the host (vLLM, the ironserve-service package, Envoy's binary): "
+        "a directory of its own inside /opt, /srv or /var/lib.",
     )
-    model_name: str = Field(
+    model_name: Annotated[str, AfterValidator(_model_name)] = Field(
         "qwen2-7b",
         alias="inference_model_name",
-        pattern=r"^[A-Za-z0-9][\w.-]*$",
         description="The model's name in etcd (/models/<name>/active) and in the OpenAI API (served-model-name).",
     )
     model_source: Path | None = Field(
         None,
         alias="inference_model_source",
+        json_schema_extra=LOCAL_PATH,
         description="A sealed model version directory on the deploy machine (`ironserve-service seal DIR`: "
-        "MANIFEST.sha256 + release.json), uploaded to <models root>/<version>. Required.",
+        "MANIFEST.sha256 + release.json, whose version is checked here), uploaded to <models root>/<version>. "
+        "Required.",
     )
-    model_version: str | None = Field(
+    model_version: Annotated[str, AfterValidator(check_model_version)] | None = Field(
         None,
         alias="inference_model_version",
-        pattern=r"^[\w.-]+$",
-        description="The version to serve: its directory name on the host and etcd's active value. None: the "
-        "source's release.json version.",
+        description="The version to serve, YYYYMMDD-HHMMSS (model-version-naming): its directory name on the host "
+        "and etcd's active value; the source's release.json must record the same. None: that version.",
     )
-    models_root: str | None = Field(
+    models_root: Annotated[str, path_rule(MODELS_ROOTS, example="/srv/ai/models/qwen2-7b")] | None = Field(
         None,
         alias="inference_models_root",
-        pattern=ABS_PATH,
-        description="Model versions on the host; None: <security_model_dir>/<inference_model_name>.",
+        description="Model versions on the host (root:<group> 0750; each version synced with deletion inside it), "
+        "inside /srv, /opt, /var/lib, /data or /mnt; None: <security_model_dir>/<inference_model_name>.",
     )
     engine_environment: dict[str, str] = Field(
         default_factory=dict,
         alias="inference_engine_environment",
-        description="`Environment=` of the engine units (lab: VLLM_CPU_KVCACHE_SPACE=1).",
+        description="`Environment=` of the engine units (lab: VLLM_CPU_KVCACHE_SPACE=1): names [A-Z_][A-Z0-9_]* "
+        "(not HOME, PATH, PYTHON*PATH/HOME/STARTUP, LD_*), values of printable characters, written quoted.",
     )
     service: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
@@ -125,15 +188,31 @@ class InferenceSettings(RoleSettings):
         missing = [name for name in (MANIFEST_NAME, RELEASE_NAME) if not (path / name).is_file()]
         if missing:
             raise ValueError(f"{path} is not a sealed model version (missing {', '.join(missing)}; run seal)")
+        # What the upload will carry is read here, on the admin's machine, before any host is touched.
+        release_version(path, RELEASE_NAME)
+        try:
+            parse_manifest((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+        except (ArtifactError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path / MANIFEST_NAME}: {exc}; re-seal the model") from None
         return path
+
+    @field_validator("model_version")
+    @classmethod
+    def _same_as_release(cls, version: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("model_source")
+        if version is not None and source is not None:
+            recorded = release_version(source, RELEASE_NAME)
+            if recorded != version:
+                raise ValueError(
+                    f"{version} differs from {source / RELEASE_NAME} ({recorded}); accepted: the version the "
+                    "source records, or no inference_model_version"
+                )
+        return version
 
     @field_validator("engine_environment")
     @classmethod
-    def _environment_names(cls, env: dict[str, str]) -> dict[str, str]:
-        bad = [k for k, v in env.items() if not k.isidentifier() or "\n" in v or '"' in v]
-        if bad:
-            raise ValueError(f"not usable in a unit's Environment=: {', '.join(bad)}")
-        return env
+    def _environment(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_environment(env)
 
     @model_validator(mode="after")
     def _no_role_owned_overrides(self) -> InferenceSettings:
@@ -142,16 +221,39 @@ class InferenceSettings(RoleSettings):
             raise ValueError(f"inference_service sets {', '.join(owned)}, which the role derives from the host layout")
         return self
 
+    @field_validator("pip_index_url", mode="before")
+    @classmethod
+    def _no_index_credentials(cls, value: object) -> object:
+        credentials_refused(value, PIP_CREDENTIALS)
+        return value
+
+    @field_validator("service", mode="before")
+    @classmethod
+    def _no_service_credentials(cls, value: object) -> object:
+        found = credential_paths(value)
+        if found:
+            raise ValueError(f"{', '.join(found)} carries credentials; {SERVICE_CREDENTIALS}")
+        return value
+
     def version(self) -> str:
+        """The version to serve: validated (YYYYMMDD-HHMMSS) at config time and again here, before any use."""
         if self.model_version:
-            return self.model_version
+            return check_model_version(self.model_version)
         if self.model_source is None:
             raise ValueError("inference_model_source is not set")
-        return str(json.loads((self.model_source / RELEASE_NAME).read_text())["version"])
+        return release_version(self.model_source, RELEASE_NAME)
+
+    def models_root_path(self, security_model_dir: str) -> str:
+        """Where the versions live: inference_models_root, else <security_model_dir>/<model name>, checked."""
+        path = self.models_root or f"{security_model_dir}/{self.model_name}"
+        try:
+            return check_path(path, roots=MODELS_ROOTS)
+        except ValueError as exc:
+            raise ValueError(f"inference_models_root {path}: {exc}") from None
 
     def service_settings(self, security_model_dir: str) -> ServiceSettings:
         """The host's service.yaml: the role's layout plus the inventory's overrides."""
-        models_root = Path(self.models_root or f"{security_model_dir}/{self.model_name}")
+        models_root = Path(self.models_root_path(security_model_dir))
         venv = Path(self.venv)
         overrides = self.service
         data: dict[str, dict[str, Any]] = {
@@ -173,8 +275,17 @@ class InferenceSettings(RoleSettings):
         return ServiceSettings.model_validate(data)
 
 
-def check_deployable(settings: InferenceSettings, security_model_dir: str, hardened_units: tuple[str, ...]) -> None:
-    """Raise ValueError naming the inventory key when the role could not run with these settings."""
+def check_deployable(
+    settings: InferenceSettings,
+    security_model_dir: str,
+    hardened_units: tuple[str, ...],
+    service_dirs: tuple[str, ...] = (),
+) -> None:
+    """Raise ValueError naming the inventory key when the role could not run with these settings.
+
+    `service_dirs`: the directories the service account owns (security_state_dir, security_log_dir): the models
+    root, re-owned root:<group> 0750, must be apart from them.
+    """
     template = ENGINE_UNIT.format(colour="")
     if template not in hardened_units:
         raise ValueError(
@@ -188,6 +299,16 @@ def check_deployable(settings: InferenceSettings, security_model_dir: str, harde
     ):
         if value is None:
             raise ValueError(f"{key} must be set for the inference role")
+    # Root runs the venv's programs and reads the models: neither may sit in a directory the service account owns
+    # (it could replace them), nor hold one.
+    models_root = settings.models_root_path(security_model_dir)
+    for key, path in (("inference_models_root", models_root), ("inference_venv", settings.venv)):
+        for owned in service_dirs:
+            if is_within(path, owned) or is_within(owned, path):
+                raise ValueError(
+                    f"{key} {path} overlaps the service's own directory {owned}; accepted: a directory apart from "
+                    "security_state_dir and security_log_dir"
+                )
     try:
         settings.service_settings(security_model_dir)
     except ValidationError as error:

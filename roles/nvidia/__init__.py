@@ -1,7 +1,8 @@
 """NVIDIA stack as one pinned lock: driver, CUDA toolkit, cuDNN, TensorRT from a signed apt repository.
 
 Order (drv-install-sequence, with the apt method): Secure Boot gate, kernel headers, repository
-(signed-by keyring, exact-version pins, unattended-upgrades blacklist), nouveau blacklisted and the
+(signed-by keyring, the mirror's login in apt's auth.conf.d at 0600, exact-version pins,
+unattended-upgrades blacklist), nouveau blacklisted and the
 initramfs rebuilt, the pinned packages (driver with its DKMS source, toolkit, cuDNN, TensorRT, container
 toolkit) installed (downgrading when needed) and held, the module DKMS-built for every installed kernel,
 nvidia-persistenced, CUDA_HOME, the cuda-samples source for deviceQuery, then verification of what is on
@@ -27,6 +28,7 @@ from ironserve.facts import ContainerKind, OsDistro
 from ironserve.packages import pinned_packages
 from ironserve.reboot import RebootCheck, read_on
 from ironserve.run import HostRun
+from ironserve.secrets import secret_upload
 from roles.nvidia.facts import MODULE_VERSION_COMMAND, LoadedModule, driver_reboot_reason, parse_module_version
 from roles.nvidia.operations import (
     NOUVEAU_BLACKLIST,
@@ -43,6 +45,7 @@ from roles.nvidia.operations import (
     stage_cuda_samples,
     verify_stack,
 )
+from roles.nvidia.settings import APT_AUTH
 
 if TYPE_CHECKING:  # the registry imports this package
     from roles import StackConfig
@@ -162,6 +165,10 @@ def _repository(config: StackConfig, distro: str, pins: dict[str, str]) -> None:
     settings = config.nvidia
     assert settings.repo_url is not None and settings.repo_key is not None  # nvidia_deployable
     files.put(name="NVIDIA repository key", src=settings.repo_key, dest=KEYRING, mode="644")
+    if settings.repo_auth_file is not None:  # the mirror's login: 0600, never in the 0644 source, never shown
+        secret_upload(name="NVIDIA mirror login (apt auth.conf.d, 0600)", src=settings.repo_auth_file, dest=APT_AUTH)
+    else:
+        files.file(name="No NVIDIA mirror login left behind", path=APT_AUTH, present=False)
     files.put(
         name="NVIDIA repository (signed-by)",
         src=StringIO(sources_line(settings.repo_url, distro)),

@@ -1,16 +1,59 @@
 """Settings of the nvidia role: its public API, every inventory key it reads with its default.
 
 The versions themselves are not settings: they come from the profile's `lock` and `packages`.
+No URL carries credentials: the mirror's login lives in the private file nvidia_repo_auth_file, installed
+on the host as /etc/apt/auth.conf.d/ironserve-nvidia.conf (0600), never in the 0644 apt source.
 """
 
 from __future__ import annotations
 
+import urllib.parse
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from ironserve.config import RoleSettings
+from ironserve.config import LOCAL_PATH, RoleSettings
+from ironserve.secrets import credentials_refused, private_file
 from ironserve.validators import SHA256
+
+APT_AUTH = "/etc/apt/auth.conf.d/ironserve-nvidia.conf"
+MIRROR_CREDENTIALS = (
+    "put the login in nvidia_repo_auth_file (0600, outside the repository; apt_auth.conf(5): `machine HOST login "
+    f"USER password PASS`), installed as {APT_AUTH} 0600"
+)
+DOWNLOAD_CREDENTIALS = (
+    "serve the file where the host reaches it without a login (its SHA-256 is checked, so it needs no secrecy), "
+    "e.g. on the mirror of nvidia_repo_url"
+)
+
+
+def apt_auth_entries(text: str) -> list[dict[str, str]]:
+    """The entries of an apt_auth.conf(5) file: `machine` with its `login` and `password` (other tokens ignored)."""
+    entries: list[dict[str, str]] = []
+    tokens = text.split()
+    for position, token in enumerate(tokens[:-1]):
+        if token == "machine":
+            entries.append({"machine": tokens[position + 1]})
+        elif token in {"login", "password"} and entries:
+            entries[-1][token] = tokens[position + 1]
+    return entries
+
+
+def machine_matches(machine: str, url: str) -> bool:
+    """Whether apt uses the entry `machine` ([protocol://]host[:port][/path]) for `url`; without a protocol an
+    entry matches https only (apt_auth.conf(5))."""
+    target = urllib.parse.urlsplit(url)
+    protocol, _, rest = machine.rpartition("://")
+    if (protocol or "https") != target.scheme:
+        return False
+    authority, _, path = rest.partition("/")
+    host, _, port = authority.partition(":")
+    return (
+        host.lower() == (target.hostname or "")
+        and (not port or port == str(target.port or 443))
+        and target.path.lstrip("/").startswith(path)
+    )
 
 
 class NvidiaSettings(RoleSettings):
@@ -23,9 +66,19 @@ class NvidiaSettings(RoleSettings):
         description="Base URL of NVIDIA's CUDA repositories or the site's mirror; the role appends "
         "`<os>/x86_64/` (flat repository: `deb [signed-by=...] URL/<os>/x86_64/ /`). Required.",
     )
+    repo_auth_file: str | None = Field(
+        None,
+        alias="nvidia_repo_auth_file",
+        json_schema_extra=LOCAL_PATH,
+        description="A file on the deploy machine (mode 0600, outside the repository) with the mirror's login in "
+        "apt_auth.conf(5) form, `machine HOST login USER password PASS`; installed as "
+        "/etc/apt/auth.conf.d/ironserve-nvidia.conf (root, 0600), its content never shown. https mirrors "
+        "only. None: the mirror needs no login (a file left from an earlier deploy is removed).",
+    )
     repo_key: str | None = Field(
         None,
         alias="nvidia_repo_key",
+        json_schema_extra=LOCAL_PATH,
         min_length=1,
         description="Path on the deploy machine of the repository's signing key as a binary keyring "
         "(cuda-archive-keyring.gpg, or `gpg --dearmor` of an .asc); installed as "
@@ -112,6 +165,53 @@ class NvidiaSettings(RoleSettings):
         description="When Secure Boot is on but shim does not validate (`mokutil --sb-state`: validation is disabled "
         "in shim): proceed (the unsigned module loads; a warning says the kernel is unprotected) or refuse.",
     )
+
+    @field_validator("repo_url", mode="before")
+    @classmethod
+    def _no_mirror_credentials(cls, value: object) -> object:
+        credentials_refused(value, MIRROR_CREDENTIALS)
+        return value
+
+    @field_validator("cuda_samples_url", "runfile_base_url", mode="before")
+    @classmethod
+    def _no_download_credentials(cls, value: object) -> object:
+        credentials_refused(value, DOWNLOAD_CREDENTIALS)
+        return value
+
+    @field_validator("repo_auth_file")
+    @classmethod
+    def _private_auth_file(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = private_file(value)
+        try:
+            entries = apt_auth_entries(path.read_text())
+        except (OSError, UnicodeDecodeError):
+            raise ValueError(f"{path} cannot be read as text") from None
+        if not entries or not all({"login", "password"} <= set(e) for e in entries):
+            raise ValueError(
+                f"{path} is not in apt_auth.conf(5) form: every `machine HOST` needs `login USER` and `password PASS`"
+            )
+        return str(path)
+
+    @model_validator(mode="after")
+    def _auth_file_matches_the_mirror(self) -> NvidiaSettings:
+        if self.repo_auth_file is None:
+            return self
+        url = self.repo_url
+        if url is None or not url.startswith("https://"):
+            raise ValueError(
+                "nvidia_repo_auth_file needs an https:// nvidia_repo_url: apt would send the login in clear text "
+                "over http (and a file:// mirror needs none)"
+            )
+        machines = [e["machine"] for e in apt_auth_entries(Path(self.repo_auth_file).read_text())]
+        if not any(machine_matches(m, url) for m in machines):
+            host = urllib.parse.urlsplit(url).hostname
+            raise ValueError(
+                f"nvidia_repo_auth_file has no `machine` entry apt would use for {host} (machine {host}, "
+                "optionally with :PORT and /PATH; without a protocol it applies to https)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _samples_checksum_with_url(self) -> NvidiaSettings:

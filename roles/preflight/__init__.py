@@ -64,6 +64,9 @@ def observe_now(pyinfra_host: Any) -> HostObservation:
 
 
 def write_report(report: PreflightReport, folder: str) -> Path:
+    """<folder>/<host>.json and .txt on the admin machine; a host name that is not one file name is refused."""
+    if report.host in {"", ".", ".."} or Path(report.host).name != report.host:
+        raise OperationError(f"host name {report.host!r} cannot name a report file in {folder}")
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
     (path / f"{report.host}.json").write_text(report.to_json())

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, field_validator
 
-from ironserve.config import RoleSettings
+from ironserve.config import LOCAL_PATH, RoleSettings
+from ironserve.validators import relative_or_absolute_path
 from roles.preflight.checks import CHECK_NAMES
 
 
@@ -18,6 +19,10 @@ def _known_check(name: str) -> str:
     if name not in CHECK_NAMES:
         raise ValueError(f"unknown preflight check {name!r}; accepted: {', '.join(CHECK_NAMES)}")
     return name
+
+
+def _report_dir(value: str) -> str:
+    return relative_or_absolute_path(value, "reports/preflight")
 
 
 class PreflightSettings(RoleSettings):
@@ -29,10 +34,19 @@ class PreflightSettings(RoleSettings):
         description='Named checks allowed to fail (reported as FAIL*), e.g. ["psu-capacity"]; unknown names '
         "are refused.",
     )
-    report_dir: str = Field(
+
+    @field_validator("overrides")
+    @classmethod
+    def _once(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} listed more than once; accepted: each check once")
+        return names
+
+    report_dir: Annotated[str, AfterValidator(_report_dir)] = Field(
         "reports/preflight",
         alias="preflight_report_dir",
-        min_length=1,
+        json_schema_extra=LOCAL_PATH,
         description="Folder on the admin machine for the per-host report (<host>.txt for people, <host>.json for "
-        "tools).",
+        "tools): relative or absolute, normalised (no . or .. segments), never a system directory.",
     )

@@ -115,7 +115,9 @@ def test_the_example_inventory_validates_with_its_site_files(install: Install) -
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text("{}")
     seal_model_dir(model, datetime(2026, 1, 1, tzinfo=UTC))
-    result = install.run("ironserve", "validate", str(install.checkout / "inventory" / "example_r740.py"))
+    # An admin's copy of the template: its relative paths (site/...) are read from its own folder.
+    inventory = shutil.copy(install.checkout / "inventory" / "example_r740.py", install.elsewhere / "mysite.py")
+    result = install.run("ironserve", "validate", str(inventory))
     assert result.returncode == 0, result.stdout + result.stderr
     roles = ",".join(role.name for role in REGISTRY.roles)
     assert result.stdout.splitlines() == [

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+from datetime import UTC, datetime
+from pathlib import Path
 
-from ironserve.config import ConfigError
-from roles import stack_config
+import pytest
+from ironserve_service.artifacts import seal_model_dir
+from pydantic import Field, field_validator
+
+from ironserve.config import ConfigError, Registry, Role, RoleSettings, StackBase, pyinfra_keys, validate_host
+from roles import REGISTRY, stack_config
 
 
 def test_defaults_build_the_primary_profile() -> None:
@@ -18,7 +23,12 @@ def test_defaults_build_the_primary_profile() -> None:
 
 def test_inventory_overrides_role_defaults() -> None:
     config = stack_config(
-        "h1", {"ironserve_reboot_policy": "auto", "host_tuning_sysctls": {"net.core.somaxconn": 4096}}
+        "h1",
+        {
+            "ironserve_reboot_policy": "auto",
+            "host_tuning_allow_sysctl_keys": ["net.core.somaxconn"],
+            "host_tuning_sysctls": {"net.core.somaxconn": 4096},
+        },
     )
     assert config.reboot_policy == "auto"
     assert config.host_tuning.sysctls == {"net.core.somaxconn": "4096"}
@@ -37,18 +47,19 @@ def test_inventory_overrides_role_defaults() -> None:
         ),
         (
             {"host_tuning_sysctls": {"net.core.rmem_max": "lots"}},
-            "net.core.rmem_max: expected a non-negative integer, got 'lots'",
+            "net.core.rmem_max: expected a non-negative integer from 4608 to 2147483647",
         ),
         (
             {"host_tuning_sysctls": {"net.core.rmem_max": -1}},
-            "net.core.rmem_max: expected a non-negative integer, got -1",
+            "net.core.rmem_max: expected a non-negative integer from 4608 to 2147483647 (ASCII digits, no leading "
+            "zero), got -1",
         ),
         ({"host_tuning_sysctls": {"net.core.rmem_max": True}}, "a boolean is not a sysctl value"),
         ({"host_tuning_sysctls": {"net.ipv4.ip_local_port_range": "60999 32768"}}, "1024 <= LOW < HIGH <= 65535"),
         ({"ironserve_reboot_timeout_s": -5}, "ironserve_reboot_timeout_s: Input should be greater than 0"),
         ({"host_tuning_kernel_args": ["bad arg;rm"]}, "host_tuning_kernel_args[0]"),
         ({"host_tuning_sysctl_file": "/tmp/x.conf"}, "host_tuning_sysctl_file"),
-        ({"host_tuning_unknown_key": 1}, "host_tuning_unknown_key: Extra inputs are not permitted"),
+        ({"host_tuning_unknown_key": 1}, "host_tuning_unknown_key: unknown key (got 1) (accepted: host_tuning_"),
         ({"ironserve_lock": {"driver": "525.x"}}, "ironserve_lock['driver']: malformed version '525.x'"),
     ],
 )
@@ -69,3 +80,181 @@ def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as error:
         stack_config("h1", {"ironserve_reboot_policy": "x", "ironserve_reboot_timeout_s": 0})
     assert len(str(error.value).splitlines()) == 2
+
+
+# --- every mistake is a message (issue 12, item 5) ---------------------------------------------------------
+# One mistake per row: the refusal, the words the admin needs, and what must never be in the message.
+MESSAGE_RULES = [
+    # What was given is shown visibly: control characters and look-alike (non-ASCII) letters escaped.
+    ({"security_memory_max": "24G\r\nx"}, ["security_memory_max: ", "'24G\\r\\nx'"], ["\r", "\n"]),
+    ({"ironserve_profile": "r740-\u0430" + "10"}, ["ironserve_profile: unknown profile 'r740-\\u043010'"], ["\u0430"]),
+    (
+        {"ironserve_profile\r": "r740-a10"},
+        ["'ironserve_profile\\r': unknown key", "did you mean ironserve_profile?"],
+        [],
+    ),
+    ({"nvidia_repo_key": "key\x00.gpg"}, ["nvidia_repo_key: contains a NUL character", "'key\\x00.gpg'"], ["\x00"]),
+    # Long values are cut.
+    ({"security_memory_max": "9" * 500}, ["security_memory_max: ", "(got '" + "9" * 76 + "...)"], ["9" * 400]),
+    # Secrets are never echoed: URL userinfo redacted, the whole value of a secret-named key, nested too.
+    (
+        {"bios_redfish_address": "https://root:calvin@idrac-01"},
+        ["bios_redfish_address: ", "https://***@idrac-01"],
+        ["calvin"],
+    ),
+    (
+        {"nvida_repo_url": "https://admin:s3cr3t@mirror/cuda"},
+        ["https://***@mirror/cuda", "did you mean nvidia_repo_url"],
+        ["s3cr3t"],
+    ),
+    ({"bios_credentials_file": "root:calvin"}, ["bios_credentials_file: ", "***"], ["calvin"]),
+    ({"redfish_password": "calvin"}, ["redfish_password: unknown key (got ***)"], ["calvin"]),
+    (
+        {"site_notes": {"password": "hunter22", "url": "https://u:hunter22@h/x"}},
+        ["site_notes: unknown key"],
+        ["hunter22"],
+    ),
+    # Unknown keys, with or without a role's prefix, are refused with the closest accepted keys.
+    ({"ironserve_profle": "r740-a10"}, ["ironserve_profle: unknown key", "did you mean ironserve_profile?"], []),
+    ({"profile": "a100-cuda117"}, ["profile: unknown key", "did you mean ironserve_profile?"], []),
+    ({"ssh_usr": "root"}, ["ssh_usr: unknown key", "did you mean ssh_user?"], []),
+    ({"sudo": True}, ["sudo: unknown key", "did you mean _sudo?"], []),
+    ({"host_tuning_sysctl": {}}, ["host_tuning_sysctl: unknown key", "did you mean host_tuning_sysctls?"], []),
+    ({"inference_modl_source": "x"}, ["did you mean inference_model_source", "roles/inference/README.md"], []),
+    ({"rack": "A3"}, ["rack: unknown key (got 'A3'); accepted: ironserve_* (README.md)", "pyinfra's host keys"], []),
+    ({"ironserve_lock": {"cudaa": "11.8.0"}}, ["ironserve_lock['cudaa']: unknown key", "did you mean cuda?"], []),
+    (
+        {"ironserve_lock": {"cudnn": {"versoin": "8"}}},
+        ["ironserve_lock['cudnn']['versoin']: unknown key", "version"],
+        [],
+    ),
+    ({"ironserve_roles": "nvida,security"}, ["unknown role 'nvida'; did you mean nvidia?", "accepted: bios,"], []),
+    ({"ironserve_profile": "r740-a1O"}, ["unknown profile 'r740-a1O'", "did you mean r740-a10?"], []),
+    # Inputs that used to escape as Python exceptions.
+    (
+        {"ironserve_lock": {"cuda": "11"}},
+        ["ironserve_lock['cuda']: expected a CUDA version major.minor", "(got '11')"],
+        [],
+    ),
+    ({1: "x"}, ["1: an inventory key is text such as ironserve_profile (got the int 1)"], []),
+    ({"ironserve_profile": ["r740-a10"]}, ["ironserve_profile: unknown profile ['r740-a10'] (accepted: "], []),
+    ({"ironserve_profile": {"name": "r740-a10"}}, ["ironserve_profile: unknown profile {'name': 'r740-a10'}"], []),
+    (
+        {"ironserve_lock": ["driver", "525.85.02"]},
+        ["ironserve_lock: expected a mapping of lock component to value"],
+        [],
+    ),
+    ({"ironserve_lock": "cuda=11.8"}, ["ironserve_lock: expected a mapping", "(got 'cuda=11.8')"], []),
+    ({"ironserve_roles": [["nvidia"]]}, ["ironserve_roles[0]: a role is named by text (got ['nvidia'])"], []),
+    ({"ironserve_roles": {"nvidia": True}}, ["ironserve_roles: expected a non-empty list of roles"], []),
+    ({"inference_requirements": "x" * 300}, ["inference_requirements: "], ["x" * 100 + "'"]),
+    ({"host_tuning_sysctls": ["net.core.rmem_max"]}, ["host_tuning_sysctls: "], []),
+]
+
+
+@pytest.mark.parametrize(("data", "expected", "never"), MESSAGE_RULES, ids=[repr(r[0])[:40] for r in MESSAGE_RULES])
+def test_every_mistake_is_a_message(data: dict[object, object], expected: list[str], never: list[str]) -> None:
+    with pytest.raises(ConfigError) as error:
+        stack_config("h1", data)
+    message = str(error.value)
+    for line in message.splitlines():
+        assert line.startswith("host h1: ") and len(line) < 800, line
+    for words in expected:
+        assert words in message
+    for words in never:
+        assert words not in message
+
+
+class DemoSettings(RoleSettings):
+    value: str = Field("ok", alias="demo_value")
+
+    @field_validator("value")
+    @classmethod
+    def _not_a_value_error(cls, value: str) -> str:
+        if value == "keyerror":
+            raise KeyError("lock")
+        if value == "typeerror":
+            raise TypeError("unhashable type: 'dict'")
+        return value
+
+
+class DemoStack(StackBase):
+    demo: DemoSettings
+
+
+def _demo_check(config: DemoStack) -> None:
+    if config.demo.value == "hook":
+        raise RuntimeError("the hook itself broke")
+
+
+DEMO = Registry(stack=DemoStack, roles=(Role("demo", DemoSettings, lambda **_: None, _demo_check),))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("keyerror", "host h1: demo_value: cannot be checked: KeyError: 'lock' (got 'keyerror')"),
+        ("typeerror", "host h1: demo_value: cannot be checked: TypeError: unhashable type: 'dict' (got 'typeerror')"),
+        ("hook", "host h1: demo: cannot be checked: RuntimeError: the hook itself broke"),
+    ],
+)
+def test_a_validator_raising_anything_is_still_a_message_naming_the_key(value: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        validate_host("h1", {"demo_value": value}, DEMO)
+    assert str(error.value) == expected
+
+
+@pytest.fixture
+def site_data(tmp_path: Path) -> dict[str, object]:
+    """A host's data that validates for every role, with its site files."""
+    (tmp_path / "key.gpg").write_bytes(b"\x99")
+    (tmp_path / "requirements.lock").write_text("torch==2.1.2+cu118 --hash=sha256:" + "0" * 64 + "\n")
+    model = tmp_path / "models/20260101-000000"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    seal_model_dir(model, datetime(2026, 1, 1, tzinfo=UTC))
+    return {
+        "nvidia_repo_url": "https://mirror.example.internal/cuda/repos",
+        "nvidia_repo_key": str(tmp_path / "key.gpg"),
+        "inference_pip_index_url": "https://mirror.example.internal/pypi/simple/",
+        "inference_requirements": str(tmp_path / "requirements.lock"),
+        "inference_model_source": str(model),
+    }
+
+
+def test_every_problem_of_a_host_is_reported_with_the_missing_required_keys(site_data: dict[str, object]) -> None:
+    data = {**site_data, "nvidia_repo_url": None, "ironserve_reboot_policy": "x", "security_memory_max": "lots"}
+    data |= {"ironserve_profile": "r750", "ironserve_profle": "r740-a10"}
+    with pytest.raises(ConfigError) as error:
+        validate_host("h1", data, REGISTRY)
+    lines = str(error.value).splitlines()
+    assert [line.split(": ")[1] for line in lines] == [
+        "ironserve_profle",
+        "ironserve_profile",
+        "security_memory_max",
+        "ironserve_reboot_policy",
+        "nvidia_repo_url and nvidia_repo_key must be set for the nvidia role (NVIDIA's CUDA repository base URL or a "
+        "mirror of it, and its keyring file)",
+    ]
+
+
+def test_a_bad_required_key_is_reported_once(site_data: dict[str, object], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as error:
+        validate_host("h1", {**site_data, "inference_requirements": str(tmp_path / "missing.lock")}, REGISTRY)
+    assert str(error.value).count("inference_requirements") >= 1
+    assert "must be set" not in str(error.value)
+    assert len(str(error.value).splitlines()) == 1
+
+
+def test_pyinfra_keys_are_accepted_and_come_from_pyinfra(site_data: dict[str, object]) -> None:
+    assert {"ssh_user", "ssh_port", "ssh_known_hosts_file", "_sudo", "_su_user", "_env", "docker_identifier"} <= (
+        pyinfra_keys()
+    )
+    data = {**site_data, "ssh_user": "root", "ssh_port": 2222, "_sudo": False, "_env": {"LANG": "C"}}
+    assert validate_host("h1", data, REGISTRY).host == "h1"
+
+
+@pytest.mark.parametrize("host", ["r740-\u0430", "r740 01", "r740-01\x00"])
+def test_host_names_are_plain_ascii(host: str) -> None:
+    with pytest.raises(ConfigError, match=r"the host name is not plain ASCII without spaces"):
+        stack_config(host, {})

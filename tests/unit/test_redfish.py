@@ -1,8 +1,9 @@
-"""The Redfish client and BIOS workflow against the lab's iDRAC emulator (sushy-tools based, on 127.0.0.1)."""
+"""The Redfish client and BIOS workflow against the lab's iDRAC emulator (sushy-tools based, https on 127.0.0.1)."""
 
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import re
 import threading
@@ -11,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from test_fact_data import real_sample
 
 from ironserve.lab import hardware, redfish_emulator
@@ -28,18 +33,23 @@ DESIRED = {
 
 
 class Emulator:
-    def __init__(self, profile: str, tmp: Path, sync: str | None = None) -> None:
+    """The lab's simulated iDRAC on 127.0.0.1, over https with a self-signed certificate (the lab's own kind)."""
+
+    def __init__(self, profile: str, tmp: Path, sync: str | None = None, tls: tuple[Path, Path] | None = None) -> None:
         self.tree = tmp / "tree"
         redfish_emulator.build_tree(hardware.read_hardware_profile(profile), self.tree)
         creds = tmp / "credentials"
         creds.write_text(f"root:{SENTINEL}\n")
-        self.server: Any = redfish_emulator.make_server(self.tree, 0, creds, sync)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.cert, self.key = tls or redfish_emulator.certificate(tmp / "tls")
+        self.server: Any = redfish_emulator.make_server(self.tree, 0, creds, sync, tls=(self.cert, self.key))
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        self.fingerprint = redfish_emulator.fingerprint(self.cert)
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
-    def client(self, password: str = SENTINEL) -> RedfishClient:
-        return RedfishClient(self.url, Credentials("root", password), timeout_s=5)
+    def client(self, password: str = SENTINEL, **trust: Any) -> RedfishClient:
+        trust = trust or {"ca_file": str(self.cert)}
+        return RedfishClient(self.url, Credentials("root", password), timeout_s=5, **trust)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -125,12 +135,21 @@ def test_wrong_password_is_refused(emulator: Emulator) -> None:
 
 
 def test_sentinel_password_never_appears(
-    emulator: Emulator, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    emulator: Emulator, tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     client = emulator.client()
     messages = [repr(client), repr(client._credentials), str(client._credentials)]
     apply(client, {**DESIRED, "MmioAbove4Gb": "Disabled"}, reboot=True, poll_s=0)
-    for attempt in (lambda: read_state(emulator.client("wrong")), lambda: client.get("/redfish/v1/Nope")):
+    other_cert, _ = redfish_emulator.certificate(tmp_path / "other")
+    attempts = (
+        lambda: read_state(emulator.client("wrong")),
+        lambda: client.get("/redfish/v1/Nope"),
+        lambda: emulator.client(fingerprint="00" * 32).get(redfish.SYSTEM),  # pinned to another certificate
+        lambda: emulator.client(ca_file=str(other_cert)).get(redfish.SYSTEM),  # signed by no CA it trusts
+        lambda: RedfishClient(f"https://root:{SENTINEL}@127.0.0.1", Credentials("root", SENTINEL)),
+        lambda: load_credentials(SENTINEL, {}),  # the password typed where the file's path belongs
+    )
+    for attempt in attempts:
         with pytest.raises(RedfishError) as info:
             attempt()
         messages.append(str(info.value))
@@ -147,11 +166,102 @@ def test_credentials_from_environment_and_file(tmp_path: Path) -> None:
     assert SENTINEL not in repr(load_credentials(None, env))
     path = tmp_path / "idrac"
     path.write_text(f"admin:{SENTINEL}\n")
+    path.chmod(0o600)
     assert load_credentials(str(path), {}).user == "admin"
     with pytest.raises(RedfishError, match="no iDRAC credentials: set IRONSERVE_REDFISH_USER"):
         load_credentials(None, {})
     with pytest.raises(RedfishError, match="inside the repository"):
         load_credentials(str(Path(redfish.__file__)), {})
+    path.chmod(0o640)
+    with pytest.raises(RedfishError, match=r"has mode 0640, readable or writable by group or others: `chmod 600"):
+        load_credentials(str(path), {})
+
+
+# --- TLS: https only, the certificate verified (a CA file, a pinned fingerprint, or the system's CAs) ---------------
+
+
+def test_the_ca_file_and_the_pin_each_trust_the_self_signed_idrac(emulator: Emulator) -> None:
+    for trust in ({"ca_file": str(emulator.cert)}, {"fingerprint": emulator.fingerprint}):
+        assert read_state(emulator.client(**trust)).model == "PowerEdge R740"
+    both = emulator.client(ca_file=str(emulator.cert), fingerprint=emulator.fingerprint.replace(":", "").lower())
+    assert read_state(both).model == "PowerEdge R740"
+
+
+def test_an_untrusted_certificate_is_refused_before_any_request(
+    emulator: Emulator, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(
+        RedfishError, match=r"is not trusted \(.*self.signed.*\); trust its certificate with bios_ca_file"
+    ):
+        emulator.client(ca_file=None, fingerprint=None).get(redfish.SYSTEM)  # the system's CAs do not know it
+    other_cert, _ = redfish_emulator.certificate(tmp_path / "other")
+    with pytest.raises(RedfishError, match="is not trusted"):
+        emulator.client(ca_file=str(other_cert)).get(redfish.SYSTEM)
+    with pytest.raises(RedfishError, match=r"presented a certificate with SHA-256 fingerprint [0-9A-F:]{95}, not the"):
+        emulator.client(fingerprint="ab" * 32).get(redfish.SYSTEM)
+    # Both must hold: the right CA does not excuse a wrong pin.
+    with pytest.raises(RedfishError, match="not the pinned bios_tls_fingerprint; nothing was sent"):
+        emulator.client(ca_file=str(emulator.cert), fingerprint="ab" * 32).get(redfish.SYSTEM)
+    assert "redfish: GET" not in capfd.readouterr().err  # the emulator never saw a request
+
+
+def test_the_certificate_must_name_the_address(tmp_path: Path) -> None:
+    """A CA file verifies the host name too: a certificate for another name is refused (pin it instead)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idrac-other")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("idrac-other.example")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    emu = Emulator("r740-a10x4", tmp_path, tls=(cert_path, key_path))
+    try:
+        with pytest.raises(RedfishError, match=r"is not trusted .*mismatch"):
+            emu.client(ca_file=str(cert_path)).get(redfish.SYSTEM)
+        assert read_state(emu.client(fingerprint=emu.fingerprint)).model == "PowerEdge R740"
+    finally:
+        emu.close()
+
+
+@pytest.mark.parametrize(
+    ("address", "words"),
+    [
+        ("http://10.0.0.21", "is plain http: the iDRAC password would cross the network in clear text"),
+        ("https://idr\u0430c.example", "is not ASCII ('\u0430' CYRILLIC SMALL LETTER A)"),
+        ("https://xn--idrc-43d.example", "is an IDNA-encoded (xn--) name"),
+        ("https://10.0.0.21/redfish/v1", "without a path or query"),
+        ("https://10.0.0.21:0", "the port must be a number from 1 to 65535"),
+        ("https://10.0.0.999", "looks like an IPv4 address but is not one"),
+        ("https://idrac_01.example", "neither an IP address nor a DNS name"),
+        ("https://idrac.example\\@evil.example", "backslash"),  # urllib's host: evil.example; a browser's: idrac
+        ("https://root@idrac.example", "carries credentials"),
+        ("ftp://10.0.0.21", "is not an https:// URL"),
+    ],
+)
+def test_the_client_refuses_an_address_it_would_not_trust(address: str, words: str) -> None:
+    with pytest.raises(RedfishError) as info:
+        RedfishClient(address, Credentials("root", SENTINEL))
+    assert words in str(info.value) and str(info.value).startswith("bios_redfish_address ")
+
+
+@pytest.mark.parametrize(
+    "address", ["https://10.0.0.21", "https://idrac-r740-01.example.internal/", "https://[fd00::21]:8443"]
+)
+def test_ascii_names_and_ip_literals_are_accepted(address: str) -> None:
+    host, port = redfish.https_address(address)
+    assert host in address and port in {443, 8443}
 
 
 # --- real iDRAC responses (../shared/samples/realworld/redfish) ----------------------------------------------------
