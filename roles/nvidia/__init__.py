@@ -91,10 +91,15 @@ def samples_dir(config: StackConfig) -> str:
 
 def nvidia_deployable(config: StackConfig) -> None:
     """The repository and its key have no default: a site names its mirror of NVIDIA's CUDA repository."""
-    if config.nvidia.repo_url is None or config.nvidia.repo_key is None:
+    unset = [
+        key
+        for key, value in (("nvidia_repo_url", config.nvidia.repo_url), ("nvidia_repo_key", config.nvidia.repo_key))
+        if value is None
+    ]
+    if unset:
         raise ValueError(
-            "nvidia_repo_url and nvidia_repo_key must be set for the nvidia role (NVIDIA's CUDA repository base URL "
-            "or a mirror of it, and its keyring file)"
+            f"{' and '.join(unset)} must be set for the nvidia role (NVIDIA's CUDA repository base URL or a mirror "
+            "of it, and its keyring file)"
         )
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import urllib.parse
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from ironserve.config import LOCAL_PATH, RoleSettings
 from ironserve.secrets import credentials_refused, private_file
-from ironserve.validators import SHA256
+from ironserve.validators import SHA256, path_rule
+
+# Where CUDA toolkits live: NVIDIA's packages and runfile install under /usr/local, some sites under /opt.
+CUDA_ROOTS = ("/usr/local", "/opt")
 
 APT_AUTH = "/etc/apt/auth.conf.d/ironserve-nvidia.conf"
 MIRROR_CREDENTIALS = (
@@ -91,10 +94,9 @@ class NvidiaSettings(RoleSettings):
         le=32767,
         description="apt pin priority of the locked versions: above 1000 so apt also downgrades to them.",
     )
-    cuda_home: str | None = Field(
+    cuda_home: Annotated[str, path_rule(CUDA_ROOTS, example="/usr/local/cuda-11.8")] | None = Field(
         None,
         alias="nvidia_cuda_home",
-        pattern=r"^/[\w./-]+$",
         description="CUDA_HOME in /etc/profile.d/cuda.sh and /etc/environment, and where /usr/local/cuda "
         "links; None: /usr/local/cuda-<lock's X.Y>.",
     )
@@ -232,6 +234,21 @@ class NvidiaSettings(RoleSettings):
         if self.driver_method == "runfile" and not self.dkms:
             raise ValueError("nvidia_driver_method runfile installs with --dkms: nvidia_dkms must stay true")
         return self
+
+    @field_validator("repo_key")
+    @classmethod
+    def _binary_keyring(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = Path(value)
+        if not path.is_file():
+            raise ValueError(f"{value} is not a file on this machine; accepted: the repository's keyring file")
+        if path.read_bytes()[:64].lstrip().startswith(b"-----BEGIN PGP"):
+            raise ValueError(
+                f"{value} is an ASCII-armoured key; apt's signed-by needs a binary keyring: "
+                f"`gpg --dearmor < {path.name} > {path.stem}.gpg`, then name that file"
+            )
+        return value
 
     def skipped_components(self) -> tuple[str, ...]:
         """Lock components the profile pins but this host does not install from apt."""

@@ -233,8 +233,8 @@ def test_every_problem_of_a_host_is_reported_with_the_missing_required_keys(site
         "ironserve_profile",
         "security_memory_max",
         "ironserve_reboot_policy",
-        "nvidia_repo_url and nvidia_repo_key must be set for the nvidia role (NVIDIA's CUDA repository base URL or a "
-        "mirror of it, and its keyring file)",
+        "nvidia_repo_url must be set for the nvidia role (NVIDIA's CUDA repository base URL or a mirror of it, and "
+        "its keyring file)",
     ]
 
 

@@ -1,8 +1,8 @@
-"""One mistaken or hostile inventory value at a time, for every key of security, host_tuning, container_runtime,
-inference and preflight: each is refused with a ConfigError that names the key and says what is accepted.
+"""One mistaken or hostile inventory value at a time, for every key of every role: each is refused with a
+ConfigError that names the key and says what is accepted (the secrets' own cases are in test_secrets.py).
 
 Every case is the inventory data with one bad value and the essential words of its message (besides the key).
-The cases are what a demanding admin tried as root on production hosts (issue 12); each would otherwise have
+The cases are what a demanding admin tried as root on production hosts; each would otherwise have
 re-owned a system directory, rewritten a system account, rebooted into a rescue shell, written a directive into
 a unit file or deleted outside the model's own directory.
 """
@@ -335,7 +335,51 @@ PREFLIGHT: list[Case] = [
     ("preflight_report_dir", "reports\n", (CONTROL,)),
 ]
 
-CASES = SECURITY + HOST_TUNING + CONTAINER_RUNTIME + INFERENCE + PREFLIGHT
+BIOS: list[Case] = [
+    ("bios_redfish_address", "http://idrac-01", ("plain http", "bios_ca_file")),
+    ("bios_redfish_address", "https://idrac-01/redfish/v1", ("base URL only",)),
+    ("bios_redfish_address", "https://idr\u0430c-01", ("not ASCII", "CYRILLIC")),
+    ("bios_redfish_address", "ftp://idrac-01", ("https://",)),
+    ("bios_redfish_address", "https://idrac-01\n", ("control character",)),
+    ("bios_mode", "Apply", ("'check' or 'apply'",)),
+    ("bios_mode", "apply ", ("'check' or 'apply'",)),
+    ("bios_reboot_policy", "defer", ("'auto' or 'never'",)),
+    ("bios_credentials_file", "/nonexistent/idrac-credentials", ("names no file", "not shown")),
+    ("bios_credentials_file", "creds\x00", ("NUL",)),
+    ("bios_ca_file", "/nonexistent/idrac.pem", ("not a file",)),
+    ("bios_tls_fingerprint", "abc", ("64 hex digits",)),
+    ("bios_tls_fingerprint", "G" * 64, ("64 hex digits",)),
+    ("bios_apply_timeout_s", 0, ("greater than 0",)),
+    ("bios_apply_timeout_s", 99999, ("less than or equal to 7200",)),
+    ("bios_apply_timeout_s", "900s", ("valid integer",)),
+]
+
+NVIDIA: list[Case] = [
+    ("nvidia_repo_url", "https://mirror.example/cuda/", ("(https?|file)://",)),
+    ("nvidia_repo_url", "mirror.example/cuda", ("(https?|file)://",)),
+    ("nvidia_repo_url", "https://mirror.example/cu da", ("(https?|file)://",)),
+    ("nvidia_repo_auth_file", "/nonexistent/apt-auth", ("names no file",)),
+    ("nvidia_repo_key", "/nonexistent/cuda-archive-keyring.gpg", ("not a file",)),
+    ("nvidia_pin_priority", 1000, ("greater than or equal to 1001",)),
+    ("nvidia_pin_priority", 40000, ("less than or equal to 32767",)),
+    ("nvidia_cuda_home", "/etc", ("system directory", "/usr/local")),
+    ("nvidia_cuda_home", "/home/admin/cuda", ("outside the directories", "/usr/local")),
+    ("nvidia_cuda_home", "/usr/local/cuda-11.8/../..", (". or .. segment",)),
+    ("nvidia_cuda_home", "cuda", ("not absolute",)),
+    ("nvidia_kernel_headers", "yes please", ("valid boolean",)),
+    ("nvidia_rebuild_initramfs", "maybe", ("valid boolean",)),
+    ("nvidia_persistenced", 2, ("valid boolean",)),
+    ("nvidia_container_toolkit", "sometimes", ("valid boolean",)),
+    ("nvidia_dkms", "x", ("valid boolean",)),
+    ("nvidia_cuda_samples_url", "https://github.com/NVIDIA/cuda-samples/archive/v11.8.zip", (".tar",)),
+    ("nvidia_cuda_samples_sha256", "xyz", ("[0-9a-f]{64}",)),
+    ("nvidia_driver_method", "deb", ("'apt' or 'runfile'",)),
+    ("nvidia_runfile_base_url", "https://download.nvidia.com/", ("(https?|file)://",)),
+    ("nvidia_runfile_sha256", "0" * 63, ("[0-9a-f]{64}",)),
+    ("nvidia_shim_validation_disabled", "ignore", ("'proceed' or 'refuse'",)),
+]
+
+CASES = SECURITY + HOST_TUNING + CONTAINER_RUNTIME + INFERENCE + PREFLIGHT + BIOS + NVIDIA
 
 
 def _id(case: Case) -> str:
@@ -343,16 +387,15 @@ def _id(case: Case) -> str:
     return f"{key}={value!r}"[:80]
 
 
-def test_the_table_is_large_and_covers_every_key_of_its_roles() -> None:
-    assert len(CASES) >= 120
+def test_the_table_is_large_and_covers_every_key_of_every_role() -> None:
+    assert len(CASES) >= 150
     from roles import REGISTRY
 
     keys = {key for key, _, _ in CASES}
     for role in REGISTRY.roles:
-        if role.name in {"security", "host_tuning", "container_runtime", "inference", "preflight"}:
-            fields = {f.alias for f in role.settings.model_fields.values()}
-            # inference_model_source has its own table below (sealed directories on this machine)
-            assert fields - keys - {"inference_model_source"} == set(), role.name
+        fields = {f.alias for f in role.settings.model_fields.values()}
+        # inference_model_source has its own table below (sealed directories on this machine)
+        assert fields - keys - {"inference_model_source"} == set(), role.name
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
