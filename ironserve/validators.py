@@ -230,6 +230,8 @@ def check_service_unit(value: str) -> str:
 # binding and scheduling priority of the engine's threads), CAP_IPC_LOCK (mlock of pinned host buffers for CUDA
 # and NCCL, beyond RLIMIT_MEMLOCK), CAP_NET_BIND_SERVICE (a listener below 1024, such as 443, without root).
 CAPABILITIES = ("CAP_SYS_NICE", "CAP_IPC_LOCK", "CAP_NET_BIND_SERVICE")
+# Their bit numbers (include/uapi/linux/capability.h), as /proc/<pid>/status shows them in CapEff.
+CAPABILITY_BITS = {"CAP_NET_BIND_SERVICE": 10, "CAP_IPC_LOCK": 14, "CAP_SYS_NICE": 23}
 # Named in the message: these would make the service as good as root.
 ROOT_EQUIVALENT = frozenset(
     {"CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_PTRACE", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_SETUID",

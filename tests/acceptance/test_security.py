@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from ironserve.validators import CAPABILITY_BITS
 from roles import StackConfig
 from roles.security.seccomp import DROPIN_NAME, dropin_properties, slice_cgroup, systemd_run_command
 
-CAP_SYS_NICE_HEX = "0000000000800000"
 PROFILE_NAME = "ai-service.json"
 # Runs under the filter: imports a Python service needs, threads, a subprocess, ctypes into libc.
 WORKLOAD = (
@@ -90,7 +90,7 @@ def test_service_drop_in_runs_as_service_user_with_cap_sys_nice_only(
     assert probe.succeeded, probe.stderr
     uid, cap_eff, cgroup = probe.stdout.split()
     assert uid == host.run(f"id -u {config.security.user}").stdout.strip() != "0"
-    assert cap_eff == CAP_SYS_NICE_HEX
+    assert cap_eff == f"{sum(1 << CAPABILITY_BITS[c] for c in config.security.capabilities):016x}"
     assert cgroup.startswith(slice_cgroup(config.security.slice) + "/")
 
 
