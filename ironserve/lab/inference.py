@@ -25,7 +25,13 @@ REQUIREMENTS = Path(__file__).resolve().parent / "files" / "requirements-cpu.loc
 BUILD_SCRIPT = REPO_ROOT / "service" / "scripts" / "build_tiny_model.py"
 VERSIONS = {"lab-v1": datetime(2026, 1, 1, tzinfo=UTC), "lab-v2": datetime(2026, 1, 2, tzinfo=UTC)}
 # vLLM's CPU backend: a 1 GiB KV cache, no core pinning (lab hosts share the machine's cores).
-ENGINE_ENVIRONMENT = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+ENGINE_ENVIRONMENT = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # A value as an admin may write one: spaces, double quotes, a backslash and a percent sign (systemd specifiers),
+    # which must reach the engine byte for byte (the inference lab test reads it from the engine's environment).
+    "IRONSERVE_LAB_NOTE": 'CPU engine on a "simulated" GPU host, 100% lab \\ no GPU',
+}
 SERVICE_OVERRIDES: dict[str, dict[str, Any]] = {
     "engine": {"max_model_len": 512, "max_num_seqs": 8, "tensor_parallel_size": 1, "enforce_eager": True},
     "readiness": {"startup_timeout_s": 300, "drain_timeout_s": 20},

@@ -21,7 +21,7 @@ import pytest
 
 from ironserve.lab import remote
 from ironserve.lab.deploying import DeployResult, deploy, verify
-from ironserve.lab.inference import model_versions
+from ironserve.lab.inference import ENGINE_ENVIRONMENT, model_versions
 from ironserve.lab.state import LabHost
 from roles import stack_config
 from tests.lab.conftest import lab_containers
@@ -76,6 +76,14 @@ def served() -> Iterator[LabHost]:
 def test_second_deploy_reports_zero_changes(served: LabHost) -> None:
     again = _deployed(deploy([served], roles=ROLES))
     assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
+
+
+def test_an_environment_value_with_spaces_and_quotes_reaches_the_engine_as_written(served: LabHost) -> None:
+    status = json.loads(remote.run(served, f"{SETTINGS.venv}/bin/ironserve-service status; true").splitlines()[-1])
+    unit = f"ai-service@{status['colour']}.service"
+    pid = remote.run(served, f"systemctl show --property=MainPID --value {unit}").strip()
+    environ = remote.run(served, f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines()
+    assert f"IRONSERVE_LAB_NOTE={ENGINE_ENVIRONMENT['IRONSERVE_LAB_NOTE']}" in environ
 
 
 @pytest.mark.invariant("svc-engine-vllm", "hot-swap-envoy-follows-etcd")
