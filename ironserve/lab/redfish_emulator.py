@@ -63,9 +63,9 @@ EXTRA_ATTRIBUTES = {
 CERTIFICATE, KEY = "idrac-cert.pem", "idrac-key.pem"
 
 
-def certificate(folder: Path) -> tuple[Path, Path]:
-    """(certificate, key) of the lab iDRAC under `folder`, made once: self-signed, EC P-256, for 127.0.0.1 and
-    localhost, valid ten years; the key is 0600."""
+def certificate(folder: Path, names: list[x509.GeneralName] | None = None) -> tuple[Path, Path]:
+    """(certificate, key) of the lab iDRAC under `folder`, made once: self-signed, EC P-256, for `names` (default
+    127.0.0.1 and localhost), valid ten years; the key is 0600."""
     cert_path, key_path = folder / CERTIFICATE, folder / KEY
     if cert_path.is_file() and key_path.is_file():
         return cert_path, key_path
@@ -82,7 +82,9 @@ def certificate(folder: Path) -> tuple[Path, Path]:
         .not_valid_before(now - datetime.timedelta(hours=1))
         .not_valid_after(now + datetime.timedelta(days=3650))
         .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            x509.SubjectAlternativeName(
+                names or [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

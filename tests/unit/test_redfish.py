@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import datetime
 import json
 import re
 import threading
@@ -13,9 +12,6 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from test_fact_data import real_sample
 
 from ironserve.lab import hardware, redfish_emulator
@@ -207,25 +203,7 @@ def test_an_untrusted_certificate_is_refused_before_any_request(
 
 def test_the_certificate_must_name_the_address(tmp_path: Path) -> None:
     """A CA file verifies the host name too: a certificate for another name is refused (pin it instead)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "idrac-other")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("idrac-other.example")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
+    cert_path, key_path = redfish_emulator.certificate(tmp_path / "other-name", [x509.DNSName("idrac-other.example")])
     emu = Emulator("r740-a10x4", tmp_path, tls=(cert_path, key_path))
     try:
         with pytest.raises(RedfishError, match=r"is not trusted .*mismatch"):
