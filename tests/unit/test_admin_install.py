@@ -115,6 +115,10 @@ def test_the_example_inventory_validates_with_its_site_files(install: Install) -
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text("{}")
     seal_model_dir(model, datetime(2026, 1, 1, tzinfo=UTC))
+    # A binary keyring's first bytes are an OpenPGP packet header (RFC 4880 4.2), not ASCII armour.
+    keys = install.elsewhere / "keys"
+    keys.mkdir(exist_ok=True)
+    (keys / "cuda-archive-keyring.gpg").write_bytes(b"\x99\x01\x0d\x04" + bytes(64))
     # An admin's copy of the template: its relative paths (site/...) are read from its own folder.
     inventory = shutil.copy(install.checkout / "inventory" / "example_r740.py", install.elsewhere / "mysite.py")
     result = install.run("ironserve", "validate", str(inventory))
