@@ -1,7 +1,8 @@
 """ironserve's main deploy: `pyinfra inventory/<site>.py deploy.py`.
 
 Only wiring: validate this host's inventory into one StackConfig, run its roles in order with the
-host's shared run state, then reboot once if any role needs it (ironserve_reboot_policy).
+host's shared run state, run the checks the roles left for the end (repair first, verify after), then
+reboot once if any role needs it (ironserve_reboot_policy).
 An inventory built with `ironserve.inventory.site()` was validated, every host, when pyinfra loaded it,
 before any connection; `config_for` checks this host again before any operation is queued (the only
 check for an inventory built without site()), so an invalid inventory changes no host.
@@ -22,6 +23,9 @@ run = HostRun(host.name)
 for role in host.loop(REGISTRY.roles):
     if role.name in config.roles:
         role.deploy(config=config, run=run)
+# Repair first, verify after: a role's check runs once every role has restored what it owns.
+for check in host.loop(run.checks):
+    check()
 reboot_for_needs(
     name="Reboot once if a role needs it (ironserve_reboot_policy)",
     checks=tuple(run.reboots),

@@ -15,11 +15,25 @@ import shlex
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from ironserve.facts import DpkgPackages
+from ironserve.facts import AptPackageFiles, DpkgHealth, DpkgPackages
 from ironserve.operations import Commands
+from ironserve.owned import report
 
+# Seconds to wait for dpkg's lock when another apt holds it (an apt left running by a dropped SSH session,
+# unattended-upgrades): apt waits itself with DPkg::Lock::Timeout and says who holds the lock (apt.conf(5)).
+LOCK_WAIT_S = 600
 APT_GET = (
     "DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+    f" -o DPkg::Lock::Timeout={LOCK_WAIT_S}"
+)
+# apt-get update takes the lists lock, which DPkg::Lock::Timeout does not cover (apt 2.6): retry while apt's
+# message says another process holds it, printing that message, and fail at once on any other error.
+APT_UPDATE = (
+    "waited=0; until out=$(apt-get update -q 2>&1); do "
+    'case "$out" in *"Could not get lock"*) ;; *) echo "$out" >&2; exit 1;; esac; '
+    f'if [ "$waited" -ge {LOCK_WAIT_S} ]; then echo "$out" >&2; exit 1; fi; '
+    'echo "apt-get update waits: $(echo "$out" | grep -m1 "Could not get lock")" >&2; '
+    "sleep 5; waited=$((waited + 5)); done"
 )
 
 
@@ -42,14 +56,60 @@ def pinned_install(pins: dict[str, str], recommends: bool = True) -> Commands:
     """Install exactly `pins` (package -> version), downgrading or replacing held packages when they drifted."""
     installed = host.get_fact(DpkgPackages, patterns=tuple(pins))
     wrong = {n: v for n, v in pins.items() if n not in installed or installed[n].version != v}
-    if not wrong:
-        host.noop("installed at their pinned versions: " + ", ".join(pins))
+    health = host.get_fact(DpkgHealth, packages=tuple(n for n in pins if n not in wrong))
+    if not wrong and not health.damaged and not health.interrupted:
+        host.noop("installed at their pinned versions, every file in place: " + ", ".join(pins))
         return
-    yield "apt-get update -q"
-    # The whole set at once: dependent packages (libcudnn8-dev = libcudnn8) move together.
-    wanted = " ".join(shlex.quote(f"{name}={version}") for name, version in pins.items())
+    if health.interrupted:  # apt refuses to install until the interrupted run is completed
+        report("dpkg was interrupted (a run cut off mid-install): completing it with dpkg --configure -a")
+        yield "DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a"
+    if wrong or health.damaged:
+        yield APT_UPDATE
+    if wrong:
+        # The whole set at once: dependent packages (libcudnn8-dev = libcudnn8) move together.
+        wanted = " ".join(shlex.quote(f"{name}={version}") for name, version in pins.items())
+        options = "" if recommends else " --no-install-recommends"
+        yield f"{APT_GET} --allow-downgrades --allow-change-held-packages{options} install {wanted}"
+    if health.damaged:
+        for name, paths in health.damaged.items():
+            report(f"{name} lacks {', '.join(paths[:3])}: reinstalling it")
+        again = " ".join(shlex.quote(f"{name}={pins[name]}") for name in health.damaged)
+        yield f"{APT_GET} --allow-change-held-packages --reinstall install {again}"
+
+
+@operation()
+def apt_updated() -> Commands:
+    """apt-get update (waiting for another apt's lock), for a source or key that just changed."""
+    yield APT_UPDATE
+
+
+def same_repository(url: str) -> str:
+    """A repository URL as apt-cache policy prints it: no trailing slash, and `file:/path` for `file:///path`."""
+    if url.startswith("file:"):
+        url = "file:/" + url.removeprefix("file:").lstrip("/")
+    return url.rstrip("/")
+
+
+@operation()
+def repository_fetched(url: str) -> Commands:
+    """apt-get update when apt has no index of the repository at `url` (its source restored, its lists cleaned)."""
+    if same_repository(url) in {same_repository(fetched) for fetched in host.get_fact(AptPackageFiles)}:
+        host.noop(f"apt has fetched {url}")
+        return
+    yield APT_UPDATE
+
+
+@operation()
+def installed(packages: list[str], recommends: bool = True) -> Commands:
+    """Install the packages dpkg lacks (any version), updating apt's lists first."""
+    have = host.get_fact(DpkgPackages, patterns=tuple(packages))
+    missing = [name for name in packages if name not in have]
+    if not missing:
+        host.noop("installed: " + ", ".join(packages))
+        return
+    yield APT_UPDATE
     options = "" if recommends else " --no-install-recommends"
-    yield f"{APT_GET} --allow-downgrades --allow-change-held-packages{options} install {wanted}"
+    yield f"{APT_GET}{options} install " + " ".join(shlex.quote(name) for name in missing)
 
 
 @operation()

@@ -84,6 +84,12 @@ class StackBase(BaseModel):
         le=3600,
         description="Seconds to wait for SSH to come back after a reboot under the auto policy.",
     )
+    clear_immutable: bool = Field(
+        False,
+        alias="ironserve_clear_immutable",
+        description="Let the deploy clear an immutable flag (chattr +i) on a path a role owns, restore the path and "
+        "set the flag again; by default an immutable path stops that host with this key's name.",
+    )
 
     @property
     def lock(self) -> StackLock:

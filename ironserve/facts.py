@@ -5,6 +5,7 @@ Small and typed, each with a pure `process()` tested on output captured on real 
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
 from collections.abc import Iterable
@@ -131,6 +132,80 @@ def parse_dpkg_query(lines: Iterable[str]) -> dict[str, DpkgEntry]:
             continue  # known to dpkg but not installed (removed, config files only, never installed)
         packages[parts[0]] = DpkgEntry(version=parts[1], held=parts[2][0] == "h")
     return packages
+
+
+@dataclass(frozen=True)
+class DpkgHealthState:
+    interrupted: bool  # dpkg stopped mid-run: apt refuses to install until `dpkg --configure -a`
+    damaged: dict[str, list[str]]  # installed package -> its files that are gone from disk
+
+
+class DpkgHealth(FactBase[DpkgHealthState]):
+    """Whether dpkg was interrupted, and which files of `packages` are missing on disk.
+
+    Checked against each package's md5sums list (every file dpkg installed except its conffiles), by existence
+    only: a stat per file, fast on a CUDA toolkit's thousands of files, where checksumming would read gigabytes.
+    Files that dpkg's path-exclude filters keep off disk (minimal images drop /usr/share/doc) are not missing.
+    Pending updates while a dpkg or apt runs are that run's, not an interrupted one.
+    """
+
+    @staticmethod
+    def default() -> DpkgHealthState:  # no output: nothing interrupted, nothing missing
+        return DpkgHealthState(False, {})
+
+    def command(self, packages: Iterable[str]) -> str:
+        checks = "".join(
+            f'n={shlex.quote(p)}; f=$(dpkg-query --control-path "$n" md5sums 2>/dev/null); '
+            '[ -n "$f" ] && cut -c35- "$f" | while IFS= read -r x; do '
+            '[ -e "/$x" ] || [ -L "/$x" ] || echo "missing $n /$x"; done; '
+            for p in packages
+        )
+        return (
+            "ls -A /var/lib/dpkg/updates 2>/dev/null | grep -q . && ! pgrep -x 'dpkg|apt-get|apt|unattended-upgr' "
+            ">/dev/null 2>&1 && echo interrupted; "
+            "cat /etc/dpkg/dpkg.cfg /etc/dpkg/dpkg.cfg.d/* 2>/dev/null | grep -E '^path-(exclude|include)[= ]' | "
+            "sed 's/^/filter /'; "
+            f"{checks}true"
+        )
+
+    def process(self, output: Iterable[str]) -> DpkgHealthState:
+        interrupted, damaged, filters = False, dict[str, list[str]](), list[tuple[bool, str]]()
+        for line in output:
+            if line.strip() == "interrupted":
+                interrupted = True
+            elif line.startswith("filter path-"):
+                kind, _, pattern = line.removeprefix("filter path-").partition("=" if "=" in line else " ")
+                filters.append((kind.strip() == "exclude", pattern.strip()))
+            elif line.startswith("missing "):
+                _, name, path = line.split(" ", 2)
+                if not excluded_by_dpkg(path, filters):
+                    damaged.setdefault(name, []).append(path)
+        return DpkgHealthState(interrupted, damaged)
+
+
+def excluded_by_dpkg(path: str, filters: list[tuple[bool, str]]) -> bool:
+    """Whether dpkg's --path-exclude/--path-include filters (dpkg(1): glob patterns, the last that matches
+    decides) keep `path` off disk."""
+    excluded = False
+    for exclude, pattern in filters:
+        if fnmatch.fnmatchcase(path, pattern):
+            excluded = exclude
+    return excluded
+
+
+class AptPackageFiles(FactBase[list[str]]):
+    """The repositories apt has fetched an index of (`apt-cache policy`'s package files), as URLs: what apt
+    will install from, whatever sources.list.d says."""
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    def command(self) -> str:
+        return "apt-cache policy 2>/dev/null | sed -n 's|^ *[0-9-]* \\([a-z+]*:[^ ]*\\).*|\\1|p' || true"
+
+    def process(self, output: Iterable[str]) -> list[str]:
+        return [line.strip().rstrip("/") for line in output if line.strip()]
 
 
 # --- systemd ---------------------------------------------------------------------------------------------------

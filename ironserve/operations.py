@@ -6,7 +6,6 @@ from collections.abc import Generator
 from typing import Any
 
 from pyinfra.api.command import QuoteString, StringCommand
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
@@ -15,6 +14,12 @@ from ironserve.facts import ContainerKind, StaleUnits, SysctlState, UnitsNeeding
 # What an operation function returns: the commands it yields (strings, StringCommand, FunctionCommand, or
 # another operation's `_inner`).
 Commands = Generator[Any, None, None]
+
+
+def failing(message: str) -> StringCommand:
+    """A command that fails this host with `message` on stderr. pyinfra then stops this host only and the others
+    go on to the results table; an OperationError raised by an operation would stop the whole run, every host."""
+    return StringCommand("echo", QuoteString(message), ">&2;", "exit", "1")
 
 
 @operation()
@@ -33,7 +38,8 @@ def live_sysctl(key: str, value: str) -> Commands:
         host.noop(f"sysctl {key}: absent in this container (module not loaded by the machine); persisted")
     elif entry.value is not None and not entry.writable:
         if not container:
-            raise OperationError(f"sysctl {key} is not writable on this host (value {entry.value!r})")
+            yield failing(f"sysctl {key} is not writable on this host (value {entry.value!r})")
+            return
         host.noop(f"sysctl {key}: kernel-global, read-only in this container; persisted, applied at boot")
     else:
         yield StringCommand("sysctl", "-w", QuoteString(f"{key}={shown}"))

@@ -7,6 +7,7 @@ no role reads another's module state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ironserve.reboot import RebootCheck
@@ -45,3 +46,5 @@ class HostRun:
     bios_changing: bool = False
     # What needs a reboot, in deploy order; the deploy reboots once for all of them (ironserve.reboot).
     reboots: list[RebootCheck] = field(default_factory=list)
+    # Verifications that fail on what a later role repairs: run after every role, before the reboot.
+    checks: list[Callable[[], object]] = field(default_factory=list)

@@ -8,23 +8,24 @@ it can, checks what the kernel already provides, and reports the rest instead of
 
 from __future__ import annotations
 
-from io import StringIO
+import posixpath
 from typing import TYPE_CHECKING
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.facts.files import FileContents
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from ironserve.apt import held, pinned_install, preferences
 from ironserve.facts import ContainerKind
 from ironserve.operations import Commands, live_sysctl
+from ironserve.owned import backup_path, owned_directory, owned_file, report, unmasked
 from ironserve.run import HostRun
+from ironserve.sysctl_boot import boot_sysctls_win
 from roles.container_runtime.containerd import ContainerdConfigError, nvidia_cli_keeps_cgroups, render_config
-from roles.container_runtime.facts import KernelModules, SwapState
+from roles.container_runtime.facts import FSTAB_SWAP_LINE, KernelModules, SwapState
 
 if TYPE_CHECKING:  # the registry imports this package
     from roles import StackConfig
@@ -37,6 +38,11 @@ PIN_FILE = "/etc/apt/preferences.d/ironserve-containerd"
 # Above 1000: apt installs the pinned version even when it is a downgrade (apt_preferences(5)).
 PIN_PRIORITY = 1001
 NVIDIA_CLI_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+NVIDIA_CLI_MINIMAL = """# Rewritten by ironserve (roles/container_runtime): not valid TOML before (kept as {backup}).
+# The toolkit uses its defaults for every key not set here.
+[nvidia-container-cli]
+no-cgroups = false
+"""
 
 
 @operation()
@@ -58,23 +64,26 @@ def kernel_modules(names: tuple[str, ...]) -> Commands:
 
 @operation()
 def swap_off() -> Commands:
-    """Turn swap off now and keep it off (fstab entries commented out); the kubelet refuses swap."""
+    """Turn swap off now and keep it off at boot (fstab entries commented out, .swap units disabled); the
+    kubelet refuses swap. In a container the active swap is the machine's, but the boot files are the host's."""
     state = host.get_fact(SwapState)
-    if host.get_fact(ContainerKind):
-        note = f" (the machine has {', '.join(state['active'])})" if state["active"] else ""
-        host.noop(f"container: swap belongs to the machine running it{note}; nothing to turn off here")
+    container = host.get_fact(ContainerKind)
+    live = [] if container else state["active"]
+    if not live and not state["fstab"] and not state["unit"]:
+        note = f" (the machine running this container has {', '.join(state['active'])})" if state["active"] else ""
+        host.noop(f"swap is off, not in /etc/fstab, no .swap unit enabled{note}")
         return
-    if not state["active"] and not state["fstab"]:
-        host.noop("swap is off and not in /etc/fstab")
-        return
-    if state["active"]:
+    if live:
         yield "swapoff -a"
     if state["fstab"]:
-        yield r"sed -i -E 's/^([^#]\S*\s+\S+\s+swap\s)/# ironserve: swap off for the kubelet # \1/' /etc/fstab"
+        entry = FSTAB_SWAP_LINE.removeprefix("^")
+        yield f"sed -i --follow-symlinks -E 's/^({entry})/# ironserve: swap off for the kubelet # \\1/' /etc/fstab"
+    for unit in state["unit"]:
+        yield StringCommand("systemctl", "disable", "--now", QuoteString(unit))
 
 
 @operation()
-def nvidia_cli_cgroups(path: str) -> Commands:
+def nvidia_cli_cgroups(path: str, clear_immutable: bool = False) -> Commands:
     """cri-nvidia-container-cli-cgroups: `no-cgroups = false` under [nvidia-container-cli], so the NVIDIA hook
     puts the GPU devices in the container's cgroup; the edit is checked as TOML before it is written."""
     lines = host.get_fact(FileContents, path=path)
@@ -85,11 +94,16 @@ def nvidia_cli_cgroups(path: str) -> Commands:
     try:
         wanted = nvidia_cli_keeps_cgroups(current)
     except ContainerdConfigError as exc:
-        raise OperationError(f"{path}: {exc}") from exc
+        # Not TOML (a typo): the toolkit reads defaults for every key a file leaves out, so only the one
+        # setting ironserve owns is written; the broken file is kept for the admin.
+        report(f"{path}: {exc}; rewritten, the broken file kept in {backup_path(path)}")
+        wanted = NVIDIA_CLI_MINIMAL.format(backup=backup_path(path))
+        yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(backup_path(path))))
+        yield StringCommand("cp", "--backup=numbered", QuoteString(path), QuoteString(backup_path(path)))
     if wanted == current:
         host.noop(f"{path}: no-cgroups = false under [nvidia-container-cli]")
         return
-    yield from files.put._inner(src=StringIO(wanted), dest=path, mode="644")
+    yield from owned_file._inner(path=path, content=wanted, clear_immutable=clear_immutable)
 
 
 def _sysctl_file(settings: ContainerRuntimeSettings) -> str:
@@ -101,40 +115,48 @@ def _sysctl_file(settings: ContainerRuntimeSettings) -> str:
 def container_runtime(config: StackConfig, run: HostRun) -> None:
     settings = config.container_runtime
 
-    files.put(
+    frozen = config.clear_immutable
+    owned_file(
         name="Kernel modules at boot",
-        src=StringIO("".join(f"{m}\n" for m in settings.kernel_modules)),
-        dest=MODULES_FILE,
-        mode="644",
+        path=MODULES_FILE,
+        content="".join(f"{m}\n" for m in settings.kernel_modules),
+        clear_immutable=frozen,
     )
     kernel_modules(name="Kernel modules loaded", names=settings.kernel_modules)
-    files.put(
-        name="Pod networking sysctls persisted", src=StringIO(_sysctl_file(settings)), dest=SYSCTL_FILE, mode="644"
+    owned_file(
+        name="Pod networking sysctls persisted",
+        path=SYSCTL_FILE,
+        content=_sysctl_file(settings),
+        clear_immutable=frozen,
     )
+    boot_sysctls_win(name="Pod networking sysctls win at boot", own_file=SYSCTL_FILE, sysctls=settings.sysctls)
     for key, value in settings.sysctls.items():
         live_sysctl(name=f"Apply sysctl {key}", key=key, value=value)
     if settings.swap_off:
         swap_off(name="Swap off and kept off")
 
-    files.put(
+    owned_file(
         name="Pin containerd packages",
-        src=StringIO(preferences(settings.packages, PIN_PRIORITY, "roles/container_runtime")),
-        dest=PIN_FILE,
-        mode="644",
+        path=PIN_FILE,
+        content=preferences(settings.packages, PIN_PRIORITY, "roles/container_runtime"),
+        clear_immutable=frozen,
     )
     pinned_install(name="Install containerd (pinned)", pins=settings.packages, recommends=False)
     held(name="Hold containerd packages", names=list(settings.packages))
 
-    nvidia_cli_cgroups(name="NVIDIA container CLI keeps cgroups", path=NVIDIA_CLI_CONFIG)
-    for path in (settings.cni_bin_dir, settings.cni_conf_dir):
-        files.directory(name=f"CNI directory {path}", path=path, mode="755")
-    written = files.put(
+    nvidia_cli_cgroups(name="NVIDIA container CLI keeps cgroups", path=NVIDIA_CLI_CONFIG, clear_immutable=frozen)
+    # containerd runs CNI binaries as root and loads their configs: root-only down from the folder above them.
+    for path in dict.fromkeys(
+        p for d in (settings.cni_bin_dir, settings.cni_conf_dir) for p in (posixpath.dirname(d), d)
+    ):
+        owned_directory(name=f"CNI directory {path}", path=path, clear_immutable=frozen)
+    written = owned_file(
         name="containerd config.toml (schema-checked)",
-        src=StringIO(render_config(settings)),
-        dest=CONFIG,
-        mode="644",
-        create_remote_dir=True,
+        path=CONFIG,
+        content=render_config(settings),
+        clear_immutable=frozen,
     )
+    unmasked(name="containerd not masked", unit="containerd.service")
     systemd.service(
         name="Restart containerd for its new config",
         service="containerd.service",

@@ -24,21 +24,29 @@ class KernelModules(FactBase[dict[str, str]]):
         return {name: state.strip() for name, state in pairs}
 
 
+# An active swap entry of /etc/fstab (fstab(5): fields split by blanks, a leading blank allowed, type `swap` in the
+# third field, options optional), as an ERE for grep -E and sed -E.
+FSTAB_SWAP_LINE = r"^[[:space:]]*[^#[:space:]][^[:space:]]*[[:space:]]+[^[:space:]]+[[:space:]]+swap([[:space:]]|$)"
+
+
 class SwapState(FactBase[dict[str, list[str]]]):
-    """Active swap areas (/proc/swaps) and the uncommented swap lines of /etc/fstab."""
+    """Active swap areas (/proc/swaps), the uncommented swap lines of /etc/fstab and enabled .swap units: what
+    turns swap on at the next boot as well as now."""
 
     @staticmethod
     def default() -> dict[str, list[str]]:
-        return {"active": [], "fstab": []}
+        return {"active": [], "fstab": [], "unit": []}
 
     def command(self) -> str:
         return (
             "tail -n +2 /proc/swaps | awk '{print \"active \" $1}'; "
-            "grep -sE '^[^#]\\S*\\s+\\S+\\s+swap\\s' /etc/fstab | awk '{print \"fstab \" $1}' || true"
+            f"grep -sE '{FSTAB_SWAP_LINE}' /etc/fstab | awk '{{print \"fstab \" $1}}'; "
+            "systemctl list-unit-files --type=swap --state=enabled --no-legend 2>/dev/null | "
+            "awk '{print \"unit \" $1}' || true"
         )
 
     def process(self, output: Iterable[str]) -> dict[str, list[str]]:
-        state: dict[str, list[str]] = {"active": [], "fstab": []}
+        state: dict[str, list[str]] = {"active": [], "fstab": [], "unit": []}
         for line in output:
             kind, _, device = line.strip().partition(" ")
             if kind in state and device:

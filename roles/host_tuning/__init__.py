@@ -15,14 +15,26 @@ from typing import TYPE_CHECKING, Any
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
+from pyinfra.api.util import get_template
 from pyinfra.context import host
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
 
+from ironserve.apt import installed
 from ironserve.facts import ContainerKind
-from ironserve.operations import Commands, live_sysctl
+from ironserve.operations import Commands, failing, live_sysctl
+from ironserve.owned import owned_file, unmasked
 from ironserve.reboot import RebootCheck, read_on
 from ironserve.run import HostRun
-from roles.host_tuning.facts import GrubCmdlineLinux, KernelCmdline, missing_kernel_args, with_kernel_args
+from ironserve.sysctl_boot import boot_sysctls_win
+from roles.host_tuning.facts import (
+    GRUB_DEFAULTS,
+    GrubCmdlineLinux,
+    KernelCmdline,
+    cmdline_after,
+    drop_in_repair,
+    missing_kernel_args,
+    with_kernel_args,
+)
 
 if TYPE_CHECKING:  # the registry imports this package
     from roles import StackConfig
@@ -32,38 +44,54 @@ TEMPLATES = package_files(__package__) / "templates"
 CGROUP_V2_ARG = "systemd.unified_cgroup_hierarchy=1"
 
 
-# /etc/default/grub is shell, sourced by update-grub as root: inside GRUB_CMDLINE_LINUX's double quotes these
-# would be expanded or end the string (and sed's replacement text treats the backslash specially too).
+# /etc/default/grub and its drop-ins are shell, sourced by update-grub as root: inside GRUB_CMDLINE_LINUX's double
+# quotes these would be expanded or end the string (and sed's replacement text treats the backslash specially too).
 GRUB_SHELL_CHARACTERS = re.compile(r'[\\"$`\n]')
+GRUB_CMDLINE_LINE = "^GRUB_CMDLINE_LINUX=.*"
 
 
-def grub_assignment(args: list[str]) -> str:
-    """The GRUB_CMDLINE_LINUX line for `args`; OperationError when an argument (one read back from the host
-    included: the inventory's cannot) holds a character the shell would expand inside the double quotes."""
+def grub_assignment(args: list[str], path: str = GRUB_DEFAULTS) -> str:
+    """The GRUB_CMDLINE_LINUX line for `args` in `path`; OperationError when an argument (one read back from the
+    host included: the inventory's cannot) holds a character the shell would expand inside the double quotes."""
     unsafe = [arg for arg in args if GRUB_SHELL_CHARACTERS.search(arg)]
     if unsafe:
-        raise OperationError(
-            f"/etc/default/grub: GRUB_CMDLINE_LINUX would carry shell characters in {unsafe!r}; edit it by hand"
-        )
+        raise OperationError(f"{path}: GRUB_CMDLINE_LINUX would carry shell characters in {unsafe!r}; edit it by hand")
     return f'GRUB_CMDLINE_LINUX="{" ".join(args)}"'
 
 
 @operation()
 def grub_kernel_args(args: tuple[str, ...]) -> Commands:
-    """Make GRUB_CMDLINE_LINUX carry `args` and regenerate grub.cfg when it changes."""
-    current = host.get_fact(GrubCmdlineLinux)
-    if current is None:
+    """Make GRUB_CMDLINE_LINUX carry `args` as update-grub computes it (after the /etc/default/grub.d drop-ins)
+    and in /etc/default/grub itself, and regenerate grub.cfg when a file changes."""
+    sources = host.get_fact(GrubCmdlineLinux)
+    if sources is None:
         if host.get_fact(ContainerKind):
             host.noop("no GRUB in a container: the kernel command line belongs to the machine running it")
             return
-        raise OperationError("/etc/default/grub is missing: ironserve supports GRUB-booted hosts")
-    wanted = with_kernel_args(current, args)
-    if wanted == current:
-        host.noop(f"GRUB_CMDLINE_LINUX carries {' '.join(args)}")
+        yield failing("/etc/default/grub is missing: ironserve supports GRUB-booted hosts")
         return
-    yield from files.line._inner(
-        path="/etc/default/grub", line="^GRUB_CMDLINE_LINUX=.*", replace=grub_assignment(wanted)
-    )
+    defaults = cmdline_after(sources[:1])
+    new_defaults = with_kernel_args(defaults, args)
+    # /etc/default/grub carries the args even where a drop-in overrides it, so removing the drop-in keeps them.
+    edits: dict[str, list[str]] = {GRUB_DEFAULTS: new_defaults} if new_defaults != defaults else {}
+    # update-grub's value once /etc/default/grub holds new_defaults: drop-ins that only append then carry them too.
+    effective = cmdline_after(sources[1:], new_defaults)
+    if with_kernel_args(effective, args) != effective:
+        path, drop_in_args = drop_in_repair(sources, new_defaults, args)
+        edits[path] = drop_in_args
+    if not edits:
+        # The files that shape the value: the last that sets it outright, then those that append to it.
+        start = max((i for i, source in enumerate(sources) if source.overrides), default=0)
+        set_by = ", ".join(source.path for source in sources[start:] if source.changes)
+        host.noop(f"GRUB_CMDLINE_LINUX is {' '.join(effective)!r} (set by {set_by}) and carries {' '.join(args)}")
+        return
+    try:
+        lines = {path: grub_assignment(new_args, path) for path, new_args in edits.items()}
+    except OperationError as unsafe:
+        yield failing(str(unsafe))
+        return
+    for path, line in lines.items():
+        yield from files.line._inner(path=path, line=GRUB_CMDLINE_LINE, replace=line)
     yield "update-grub"
 
 
@@ -89,16 +117,20 @@ def kernel_args_reboot(args: tuple[str, ...]) -> RebootCheck:
     return RebootCheck("host_tuning", needed, took_effect)
 
 
-def _time_sync(settings: HostTuningSettings) -> None:
-    apt.packages(name="Install systemd-timesyncd", packages=["systemd-timesyncd"], update=True, cache_time=86400)
+def rendered(template: str, settings: HostTuningSettings) -> str:
+    return get_template(str(TEMPLATES / template)).render(settings=settings)
+
+
+def _time_sync(settings: HostTuningSettings, clear_immutable: bool) -> None:
+    installed(name="Install systemd-timesyncd", packages=["systemd-timesyncd"])
     if settings.ntp_servers:
-        files.template(
+        owned_file(
             name="Configure NTP servers",
-            src=str(TEMPLATES / "timesyncd.conf.j2"),
-            dest="/etc/systemd/timesyncd.conf.d/ironserve.conf",
-            create_remote_dir=True,
-            settings=settings,
+            path="/etc/systemd/timesyncd.conf.d/ironserve.conf",
+            content=rendered("timesyncd.conf.j2", settings),
+            clear_immutable=clear_immutable,
         )
+    unmasked(name="systemd-timesyncd not masked", unit="systemd-timesyncd.service")
     # timesyncd refuses to run in a container (ConditionVirtualization=!container): the machine keeps its clock.
     systemd.service(
         name="Enable systemd-timesyncd",
@@ -111,15 +143,15 @@ def _time_sync(settings: HostTuningSettings) -> None:
 @deploy("Host tuning")
 def host_tuning(config: StackConfig, run: HostRun) -> None:
     settings = config.host_tuning
-    files.template(
+    owned_file(
         name="Persist sysctls",
-        src=str(TEMPLATES / "sysctl.conf.j2"),
-        dest=settings.sysctl_file,
-        mode="644",
-        settings=settings,
+        path=settings.sysctl_file,
+        content=rendered("sysctl.conf.j2", settings),
+        clear_immutable=config.clear_immutable,
     )
+    boot_sysctls_win(name="Sysctls win at boot", own_file=settings.sysctl_file, sysctls=settings.sysctls)
     for key, value in settings.sysctls.items():
         live_sysctl(name=f"Apply sysctl {key}", key=key, value=value)
-    _time_sync(settings)
+    _time_sync(settings, config.clear_immutable)
     grub_kernel_args(name="Kernel arguments in GRUB", args=settings.kernel_args)
     run.reboots.append(kernel_args_reboot(settings.kernel_args))

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from ironserve_service.settings import COLOURS, ServiceSettings
 from ironserve_service.slo import render_rules
 from pyinfra.api.deploy import deploy
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
 
+from ironserve.apt import installed
 from ironserve.operations import daemon_reloaded, restarted_when_stale
 from ironserve.run import HostRun
 from ironserve.validators import check_environment, systemd_quoted
@@ -50,7 +51,6 @@ SERVE_UNIT = "ironserve-serve.service"
 UNIT_DIR = "/etc/systemd/system"
 ENGINE_TEMPLATE = ENGINE_UNIT.format(colour="")
 ENGINES = [ENGINE_UNIT.format(colour=colour) for colour in COLOURS]
-APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 
 
 def environment_assignments(env: Mapping[str, str]) -> list[str]:
@@ -67,14 +67,11 @@ def _install_service(config: StackConfig) -> None:
     inference = config.inference
     assert inference.requirements is not None and inference.pip_index_url is not None  # check_deployable
     venv = inference.venv
-    apt.packages(
+    installed(
         name="Python venv, libnuma, etcd" + (", Prometheus" if inference.prometheus else ""),
         # libnuma1: vLLM's compiled ops link it (NUMA-aware CPU binding), on GPU and CPU builds alike.
         packages=["python3-venv", "libnuma1", "etcd-server", *(["prometheus"] if inference.prometheus else [])],
-        no_recommends=True,
-        update=True,
-        cache_time=3600,
-        _env=APT_ENV,
+        recommends=False,
     )
     files.directory(name="ironserve's directory", path=str(Path(LOCK_PATH).parent), mode="755")
     files.put(name="Hash-locked requirements", src=str(inference.requirements), dest=LOCK_PATH, mode="644")

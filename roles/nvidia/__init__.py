@@ -15,16 +15,26 @@ changes and a drifted host (a package moved, a hold or the pin file removed) is 
 
 from __future__ import annotations
 
-from io import StringIO
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
+from pyinfra.operations.util import any_changed
 
-from ironserve.apt import held, pinned_install, preferences, unattended_blacklist
+from ironserve.apt import (
+    apt_updated,
+    held,
+    installed,
+    pinned_install,
+    preferences,
+    repository_fetched,
+    unattended_blacklist,
+)
 from ironserve.facts import ContainerKind, OsDistro
+from ironserve.owned import owned_absent, owned_directory, owned_file, owned_link, unmasked
 from ironserve.packages import pinned_packages
 from ironserve.reboot import RebootCheck, read_on
 from ironserve.run import HostRun
@@ -76,8 +86,12 @@ WantedBy=multi-user.target
 """
 
 
+def repository_url(repo_url: str, distro: str) -> str:
+    return f"{repo_url}/{distro}/x86_64/"
+
+
 def sources_line(repo_url: str, distro: str) -> str:
-    return f"deb [signed-by={KEYRING}] {repo_url}/{distro}/x86_64/ /\n"
+    return f"deb [signed-by={KEYRING}] {repository_url(repo_url, distro)} /\n"
 
 
 def cuda_home_of(config: StackConfig) -> str:
@@ -132,11 +146,11 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
     if settings.kernel_headers:
         kernel_headers(name="Kernel headers for the running and installed kernels", driver=lock.driver)
     _repository(config, distro, pins)
-    files.put(
+    owned_file(
         name="Blacklist nouveau",
-        src=StringIO("# Managed by ironserve (roles/nvidia)\nblacklist nouveau\noptions nouveau modeset=0\n"),
-        dest=NOUVEAU_BLACKLIST,
-        mode="644",
+        path=NOUVEAU_BLACKLIST,
+        content="# Managed by ironserve (roles/nvidia)\nblacklist nouveau\noptions nouveau modeset=0\n",
+        clear_immutable=config.clear_immutable,
     )
     if settings.rebuild_initramfs:
         rebuild_initramfs(name="Rebuild the initramfs without nouveau")
@@ -153,15 +167,18 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
     if settings.dkms:
         dkms_every_kernel(name="DKMS-built module for every installed kernel", driver=lock.driver)
     _persistenced(config, runfile)
-    _cuda_home(cuda_home_of(config))
+    _cuda_home(cuda_home_of(config), config.clear_immutable)
     _cuda_samples(config)
-    verify_stack(
-        name="Verify the NVIDIA stack against the lock",
-        driver=lock.driver,
-        cuda=lock.cuda,
-        cudnn=lock.cudnn.version,
-        cuda_home=cuda_home_of(config),
-        dkms=settings.dkms,
+    # After every role has repaired what it owns: a failed check stops this host only once nothing is left to fix.
+    run.checks.append(
+        lambda: verify_stack(
+            name="Verify the NVIDIA stack against the lock",
+            driver=lock.driver,
+            cuda=lock.cuda,
+            cudnn=lock.cudnn.version,
+            cuda_home=cuda_home_of(config),
+            dkms=settings.dkms,
+        )
     )
     run.reboots.append(driver_reboot(lock.driver))
 
@@ -169,57 +186,68 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
 def _repository(config: StackConfig, distro: str, pins: dict[str, str]) -> None:
     settings = config.nvidia
     assert settings.repo_url is not None and settings.repo_key is not None  # nvidia_deployable
-    files.put(name="NVIDIA repository key", src=settings.repo_key, dest=KEYRING, mode="644")
+    frozen = config.clear_immutable
+    key = owned_file(
+        name="NVIDIA repository key", path=KEYRING, content=Path(settings.repo_key).read_bytes(), clear_immutable=frozen
+    )
     if settings.repo_auth_file is not None:  # the mirror's login: 0600, never in the 0644 source, never shown
         secret_upload(name="NVIDIA mirror login (apt auth.conf.d, 0600)", src=settings.repo_auth_file, dest=APT_AUTH)
     else:
-        files.file(name="No NVIDIA mirror login left behind", path=APT_AUTH, present=False)
-    files.put(
+        owned_absent(name="No NVIDIA mirror login left behind", path=APT_AUTH, clear_immutable=frozen)
+    source = owned_file(
         name="NVIDIA repository (signed-by)",
-        src=StringIO(sources_line(settings.repo_url, distro)),
-        dest=SOURCES_LIST,
-        mode="644",
+        path=SOURCES_LIST,
+        content=sources_line(settings.repo_url, distro),
+        clear_immutable=frozen,
     )
-    files.put(
+    # apt knows a restored source or key only after it fetched the index again (not only when a version moves).
+    apt_updated(name="apt reads the NVIDIA repository again", _if=any_changed(key, source))
+    repository_fetched(name="apt has fetched the NVIDIA repository", url=repository_url(settings.repo_url, distro))
+    owned_file(
         name="Pin the locked versions",
-        src=StringIO(preferences(pins, settings.pin_priority, OWNER)),
-        dest=PREFERENCES,
-        mode="644",
+        path=PREFERENCES,
+        content=preferences(pins, settings.pin_priority, OWNER),
+        clear_immutable=frozen,
     )
-    files.put(
+    owned_file(
         name="Keep unattended-upgrades off the lock",
-        src=StringIO(unattended_blacklist(list(pins), OWNER)),
-        dest=UNATTENDED_BLACKLIST,
-        mode="644",
+        path=UNATTENDED_BLACKLIST,
+        content=unattended_blacklist(list(pins), OWNER),
+        clear_immutable=frozen,
     )
 
 
 def _persistenced(config: StackConfig, runfile: bool) -> None:
     if runfile:
-        unit = files.put(
+        unit = owned_file(
             name="nvidia-persistenced unit (runfile method)",
-            src=StringIO(PERSISTENCED_RUNFILE_UNIT),
-            dest=PERSISTENCED_UNIT,
-            mode="644",
+            path=PERSISTENCED_UNIT,
+            content=PERSISTENCED_RUNFILE_UNIT,
+            clear_immutable=config.clear_immutable,
         )
-    else:  # the apt package ships its own unit; one left from a runfile install would override it
-        unit = files.file(name="No runfile unit for nvidia-persistenced", path=PERSISTENCED_UNIT, present=False)
+    else:  # the apt package ships its own unit; one left from a runfile install (or a mask) would override it
+        unit = owned_absent(
+            name="No runfile unit or mask for nvidia-persistenced",
+            path=PERSISTENCED_UNIT,
+            clear_immutable=config.clear_immutable,
+        )
     systemd.daemon_reload(name="systemd reads the nvidia-persistenced unit", _if=unit.did_change)
     if config.nvidia.persistenced:
+        unmasked(name="nvidia-persistenced not masked", unit="nvidia-persistenced.service")
         systemd.service(
             name="Enable nvidia-persistenced", service="nvidia-persistenced.service", enabled=True, running=True
         )
 
 
-def _cuda_home(cuda_home: str) -> None:
-    files.put(
+def _cuda_home(cuda_home: str, clear_immutable: bool) -> None:
+    owned_file(
         name="CUDA_HOME for login shells",
-        src=StringIO(
+        path=CUDA_PROFILE,
+        content=(
             f"# Managed by ironserve (roles/nvidia)\nexport CUDA_HOME={cuda_home}\n"
             'case ":$PATH:" in *":$CUDA_HOME/bin:"*) ;; *) export PATH="$CUDA_HOME/bin:$PATH" ;; esac\n'
         ),
-        dest=CUDA_PROFILE,
-        mode="644",
+        clear_immutable=clear_immutable,
     )
     files.line(
         name="CUDA_HOME for every process (/etc/environment)",
@@ -227,7 +255,12 @@ def _cuda_home(cuda_home: str) -> None:
         line="^CUDA_HOME=.*",
         replace=f"CUDA_HOME={cuda_home}",
     )
-    files.link(name="/usr/local/cuda is the locked toolkit", path="/usr/local/cuda", target=cuda_home)
+    owned_link(
+        name="/usr/local/cuda is the locked toolkit",
+        path="/usr/local/cuda",
+        target=cuda_home,
+        clear_immutable=clear_immutable,
+    )
 
 
 def _runfile(config: StackConfig) -> None:
@@ -235,9 +268,7 @@ def _runfile(config: StackConfig) -> None:
     --no-x-check (dkms from the OS first); replaces the apt driver, which remove_strays purged just before."""
     driver, container = config.lock.driver, bool(host.get_fact(ContainerKind))
     if not container:
-        apt.packages(
-            name="dkms (the runfile registers the module with it)", packages=["dkms"], update=True, cache_time=86400
-        )
+        installed(name="dkms (the runfile registers the module with it)", packages=["dkms"])
     _downloads()
     path = f"{DOWNLOADS}/{runfile_name(driver)}"
     files.download(
@@ -253,8 +284,8 @@ def _runfile(config: StackConfig) -> None:
 
 def _downloads() -> None:
     """curl (pyinfra's files.download runs it on the host) and the folder downloads go to."""
-    apt.packages(name="curl (for downloads)", packages=["curl"], update=True, cache_time=86400)
-    files.directory(name=f"{DOWNLOADS} exists", path=DOWNLOADS, mode="755")
+    installed(name="curl (for downloads)", packages=["curl"])
+    owned_directory(name=f"{DOWNLOADS} exists", path=DOWNLOADS)
 
 
 def _cuda_samples(config: StackConfig) -> None:

@@ -6,16 +6,14 @@ import re
 import shlex
 
 from pyinfra import logger
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.server import Command
-from pyinfra.operations import apt
 
-from ironserve.apt import APT_GET
+from ironserve.apt import APT_GET, installed
 from ironserve.facts import ContainerKind, DpkgPackages
 from ironserve.lock import StackLock
-from ironserve.operations import Commands
+from ironserve.operations import Commands, failing
 from ironserve.packages import expected_version
 from ironserve.versions import major_minor
 from roles.nvidia.facts import (
@@ -112,7 +110,8 @@ def refuse_secure_boot(shim_validation_disabled: str = "proceed") -> Commands:
     sb_state = host.get_fact(SecureBoot)
     refusal = secure_boot_refusal(sb_state, shim_validation_disabled)
     if refusal is not None:
-        raise OperationError(refusal)
+        yield failing(refusal)
+        return
     if sb_state == "validation-disabled":
         host.log(SHIM_VALIDATION_OFF, log_func=logger.warning)
     host.noop(f"Secure Boot: {sb_state}")
@@ -127,7 +126,7 @@ def kernel_headers(driver: str) -> Commands:
         return
     release = host.get_fact(Command, "uname -r").strip()
     kernels = [release, *(k for k in dkms_lacking(host.get_fact(DkmsKernels), driver) if k != release)]
-    yield from apt.packages._inner(packages=[f"linux-headers-{k}" for k in kernels])
+    yield from installed._inner(packages=[f"linux-headers-{k}" for k in kernels])
 
 
 @operation()
@@ -230,7 +229,8 @@ def verify_stack(driver: str, cuda: str, cudnn: str, cuda_home: str, dkms: bool)
         if lacking:
             wrong.append(f"no DKMS-built nvidia {driver} module for kernel {', '.join(lacking)}")
     if wrong:
-        raise OperationError("the NVIDIA stack does not match the lock: " + "; ".join(wrong))
+        yield failing("the NVIDIA stack does not match the lock: " + "; ".join(wrong))
+        return
     if pending or reboot:
         host.noop(f"CUDA {cuda}, cuDNN {cudnn} verified; driver {driver} takes effect with the deploy's reboot")
     else:

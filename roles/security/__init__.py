@@ -8,19 +8,20 @@ systemd and the container runtime enforce one syscall list.
 
 from __future__ import annotations
 
-from io import StringIO
+import posixpath
 from typing import TYPE_CHECKING
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
 from ironserve.operations import Commands
+from ironserve.owned import backup_path, owned_directory, owned_file, report
 from ironserve.run import HostRun
-from roles.security.facts import PasswordState
+from roles.security.facts import ForeignDropins, PasswordState, SupplementaryGroups
 from roles.security.seccomp import (
     DROPIN_NAME,
     SECCOMP_PROFILE,
@@ -43,6 +44,33 @@ def locked_password(user: str) -> Commands:
         yield StringCommand("usermod", "--lock", QuoteString(user))
 
 
+@operation()
+def only_own_group(user: str) -> Commands:
+    """The account belongs to no group beyond its own: a group (sudo, docker, disk) would hand the service its
+    rights, and pyinfra's server.user leaves groups it was not told about."""
+    extra = host.get_fact(SupplementaryGroups, user=user)
+    if not extra:
+        host.noop(f"{user}: no group beyond its own")
+        return
+    report(f"{user} was in {', '.join(extra)}: removed")
+    for group in extra:
+        yield StringCommand("gpasswd", "--delete", QuoteString(user), QuoteString(group))
+
+
+@operation()
+def foreign_dropins_moved_aside(units: list[str], own: list[str]) -> Commands:
+    """Move drop-ins other than `own` on the units ironserve hardens into BACKUP_DIR: a `systemctl edit`
+    override.conf (User=root), a `systemctl set-property` MemoryMax or a same-named mask outranks the role's."""
+    foreign = [path for path in host.get_fact(ForeignDropins, units=units) if path not in own]
+    if not foreign:
+        host.noop("no drop-in but ironserve's on " + ", ".join(units))
+        return
+    for path in foreign:
+        report(f"{path} overrides a unit ironserve hardens: moved to {backup_path(path)} (set it through security_*)")
+        yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(backup_path(path))))
+        yield StringCommand("mv", "-T", "--backup=numbered", QuoteString(path), QuoteString(backup_path(path)))
+
+
 @deploy("Security")
 def security(config: StackConfig, run: HostRun) -> None:
     settings = config.security
@@ -61,6 +89,8 @@ def security(config: StackConfig, run: HostRun) -> None:
         ensure_home=False,
     )
     locked_password(name="Service account password locked", user=settings.user)
+    only_own_group(name="Service account in no other group", user=settings.user)
+    frozen = config.clear_immutable
 
     # Least privilege: the service reads models it cannot change, and owns only its state and logs.
     for path, user, mode in (
@@ -68,35 +98,44 @@ def security(config: StackConfig, run: HostRun) -> None:
         (settings.state_dir, settings.user, "700"),
         (settings.log_dir, settings.user, "750"),
     ):
-        files.directory(
-            name=f"Directory {path}", path=path, user=user, group=settings.group, mode=mode, recursive=False
+        owned_directory(
+            name=f"Directory {path}", path=path, user=user, group=settings.group, mode=mode, clear_immutable=frozen
         )
 
     changes = [
-        files.put(
+        owned_file(
             name="Service slice (memory ceiling, CPU weight, NVIDIA devices only)",
-            src=StringIO(render_slice(settings)),
-            dest=f"/etc/systemd/system/{settings.slice}",
-            mode="644",
+            path=f"/etc/systemd/system/{settings.slice}",
+            content=render_slice(settings),
+            clear_immutable=frozen,
         )
     ]
     dropin = render_service_dropin(settings, profile)
     for unit in settings.service_units:
+        owned_directory(
+            name=f"Drop-in directory of {unit}", path=f"/etc/systemd/system/{unit}.d", clear_immutable=frozen
+        )
         changes.append(
-            files.put(
+            owned_file(
                 name=f"Hardening drop-in for {unit}",
-                src=StringIO(dropin),
-                dest=f"/etc/systemd/system/{unit}.d/{DROPIN_NAME}",
-                mode="644",
-                create_remote_dir=True,
+                path=f"/etc/systemd/system/{unit}.d/{DROPIN_NAME}",
+                content=dropin,
+                clear_immutable=frozen,
             )
         )
+    changes.append(
+        foreign_dropins_moved_aside(
+            name="No foreign drop-in on the hardened units",
+            units=[settings.slice, *settings.service_units],
+            own=[f"/etc/systemd/system/{unit}.d/{DROPIN_NAME}" for unit in settings.service_units],
+        )
+    )
     systemd.daemon_reload(name="Reload systemd units", _if=any_changed(*changes))
 
-    files.put(
+    owned_directory(name="Kubelet seccomp directory", path=settings.kubelet_seccomp_dir, clear_immutable=frozen)
+    owned_file(
         name="Seccomp profile for the kubelet (Localhost)",
-        src=str(SECCOMP_PROFILE),
-        dest=f"{settings.kubelet_seccomp_dir}/{SECCOMP_PROFILE.name}",
-        mode="644",
-        create_remote_dir=True,
+        path=f"{settings.kubelet_seccomp_dir}/{SECCOMP_PROFILE.name}",
+        content=SECCOMP_PROFILE.read_bytes(),
+        clear_immutable=frozen,
     )

@@ -22,3 +22,58 @@ class PasswordState(FactBase[str | None]):
         if field.startswith(("!", "*")):
             return "locked"
         return "empty" if field == "" else "set"
+
+
+class SupplementaryGroups(FactBase[list[str]]):
+    """The groups the account really has beyond its primary one (`id -nG`, what a process of it gets)."""
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    def command(self, user: str) -> str:
+        quoted = shlex.quote(user)
+        return f"id -gn {quoted} 2>/dev/null && id -nG {quoted} 2>/dev/null || true"
+
+    def process(self, output: Iterable[str]) -> list[str]:
+        lines = list(output)
+        if len(lines) < 2:
+            return []
+        primary = lines[0].strip()
+        return [group for group in lines[1].split() if group != primary]
+
+
+# Where an admin's tools put drop-ins that outrank a unit's own (systemd.unit(5), "Unit File Load Path"):
+# `systemctl set-property` (system.control), `systemctl edit` (/etc/systemd/system), and their --runtime forms.
+DROPIN_ROOTS = (
+    "/etc/systemd/system.control",
+    "/run/systemd/system.control",
+    "/etc/systemd/system",
+    "/run/systemd/system",
+)
+
+
+def dropin_dirs(unit: str) -> list[str]:
+    """The drop-in directories (as shell globs) that apply to `unit`: its own, its instances' for a template,
+    and each dash prefix's (`ai-.service.d` applies to every ai-* service; systemd.unit(5))."""
+    stem, _, kind = unit.rpartition(".")
+    names = [unit, *([unit.replace("@.", "@*.")] if "@." in unit else [])]
+    parts = stem.split("-")
+    names += [f"{'-'.join(parts[:i])}-.{kind}" for i in range(len(parts) - 1, 0, -1)]
+    return [f"{root}/{name}.d" for root in DROPIN_ROOTS for name in names]
+
+
+class ForeignDropins(FactBase[list[str]]):
+    """Every drop-in file in the admin-writable directories that apply to `units` (the caller knows its own)."""
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    def command(self, units: Iterable[str]) -> str:
+        globs = " ".join(f"{directory}/*.conf" for unit in units for directory in dropin_dirs(unit))
+        # A glob that matches nothing stays literal; -e drops it. Names are validated unit names (no spaces).
+        return f'for f in {globs}; do [ -e "$f" ] || [ -L "$f" ] && echo "$f"; done; true'
+
+    def process(self, output: Iterable[str]) -> list[str]:
+        return sorted({line.strip() for line in output if line.strip()})

@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
+from ironserve.apt import preferences
+from ironserve.sysctl_boot import SysctlBootOrder, boot_overrides
 from roles import StackConfig
+from roles.container_runtime import PIN_FILE, PIN_PRIORITY, SYSCTL_FILE
 from roles.container_runtime.containerd import CRI, DEVMAPPER, ContainerdConfigError, check_config
 
 CONFIG = "/etc/containerd/config.toml"
@@ -37,6 +40,16 @@ def test_containerd_package_pinned_and_held(host: Any, config: StackConfig, obse
     observe({"versions": versions, "held": held})
     assert versions == config.container_runtime.packages
     assert set(config.container_runtime.packages) <= set(held)
+
+
+@pytest.mark.invariant("cri-containerd")
+def test_containerd_pin_file_is_the_rendered_one(host: Any, config: StackConfig, observe: Any) -> None:
+    # Without the pin above 1000, the next `apt upgrade` after an unhold moves containerd off its version.
+    pins = host.file(PIN_FILE)
+    content = pins.content_string if pins.exists else None
+    expected = preferences(config.container_runtime.packages, PIN_PRIORITY, "roles/container_runtime")
+    observe("missing" if content is None else "as rendered" if content == expected else "differs from the rendering")
+    assert content == expected
 
 
 @pytest.mark.invariant("cri-containerd", "cri-systemd-cgroup", "cri-nvidia-runtime")
@@ -143,13 +156,60 @@ def test_pod_networking_sysctl(host: Any, config: StackConfig, key: str, observe
     assert live == config.container_runtime.sysctls[key]
 
 
-def test_swap_off(host: Any, config: StackConfig, container_kind: str | None, observe: Any) -> None:
+@pytest.mark.parametrize("key", ["net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"])
+def test_pod_networking_sysctl_wins_at_boot(host: Any, config: StackConfig, key: str, observe: Any) -> None:
+    # A hardening baseline's later-sorting `net.ipv4.ip_forward = 0` would win at every boot.
+    fact = SysctlBootOrder()
+    order = fact.process(host.run(fact.command()).stdout.splitlines())
+    beating = boot_overrides(order, SYSCTL_FILE, {key: config.container_runtime.sysctls[key]})
+    observe([f"{a.file}: {a.line}" for a in beating])
+    assert beating == []
+
+
+@pytest.mark.parametrize("which", ["bin", "conf"])
+@pytest.mark.invariant("cri-containerd")
+def test_cni_directory_root_owned_0755(host: Any, config: StackConfig, which: str, observe: Any) -> None:
+    # containerd's CRI plugin runs these binaries as root and loads these network configs: anyone who can write
+    # here runs code as root or re-plumbs pod networking.
+    path = {"bin": config.container_runtime.cni_bin_dir, "conf": config.container_runtime.cni_conf_dir}[which]
+    directory, parent = host.file(path), host.file(path.rsplit("/", 1)[0] or "/")
+    assert directory.is_directory, f"{path} is missing"
+    observe(f"{directory.user}:{directory.group} {oct(directory.mode)}; parent {parent.user} {oct(parent.mode)}")
+    assert (directory.user, directory.mode) == ("root", 0o755)
+    assert parent.user == "root" and not parent.mode & 0o022
+
+
+def _swap_off(config: StackConfig) -> None:
     if not config.container_runtime.swap_off:
         pytest.skip("container_runtime_swap_off is false")
-    active = host.run("tail -n +2 /proc/swaps").stdout.strip()
-    fstab = host.run("grep -sE '^[^#]\\S*\\s+\\S+\\s+swap\\s' /etc/fstab || true").stdout.strip()
-    observe({"active": active, "fstab": fstab})
-    assert fstab == ""
+
+
+def test_no_swap_line_in_fstab(host: Any, config: StackConfig, observe: Any) -> None:
+    _swap_off(config)
+    fstab = host.file("/etc/fstab")
+    lines = fstab.content_string.splitlines() if fstab.exists else []
+    # Field by field, as mount reads it: leading blanks and a line that stops after the type still count.
+    swaps = [line.strip() for line in lines if line.split()[2:3] == ["swap"] and not line.lstrip().startswith("#")]
+    observe(swaps or "none")
+    assert swaps == []
+
+
+def test_no_swap_unit_enabled(host: Any, config: StackConfig, observe: Any) -> None:
+    # A .swap unit enabled outside fstab (systemctl enable dev-sdb2.swap) turns swap on at the next boot.
+    _swap_off(config)
+    listed = host.run("systemctl list-unit-files --type=swap --state=enabled --no-legend")
+    enabled = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+    observe(enabled or "none")
+    assert listed.rc in (0, 1) and not listed.stderr.strip(), listed.stderr  # 1: it listed nothing
+    assert enabled == []
+
+
+def test_no_swap_active(host: Any, config: StackConfig, container_kind: str | None, observe: Any) -> None:
+    _swap_off(config)
+    shown = host.run("swapon --show --noheadings")
+    active = shown.stdout.strip()
+    observe(active or "none")
+    assert shown.succeeded, shown.stderr
     if container_kind and active:
         pytest.skip(f"{container_kind} container: the machine's swap ({active.split()[0]}) is not this host's")
     assert active == ""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 import pytest
 
+from ironserve.sysctl_boot import SysctlBootOrder, boot_overrides
 from roles import StackConfig
 
 SYSCTLS = [
@@ -16,6 +18,11 @@ SYSCTLS = [
     pytest.param("net.ipv4.ip_local_port_range", marks=pytest.mark.invariant("net-ip-local-port-range")),
 ]
 CGROUP_ARG = "systemd.unified_cgroup_hierarchy=1"
+# GRUB_CMDLINE_LINUX as update-grub computes it: /etc/default/grub, then each /etc/default/grub.d/*.cfg may override it.
+EFFECTIVE_GRUB_CMDLINE = (
+    'sh -c \'{ . /etc/default/grub; for f in /etc/default/grub.d/*.cfg; do if [ -e "$f" ]; then . "$f"; fi; done; }'
+    ' >/dev/null; echo "$GRUB_CMDLINE_LINUX"\''
+)
 
 
 def _wanted(config: StackConfig, key: str) -> str:
@@ -28,6 +35,26 @@ def test_sysctl_persisted(host: Any, config: StackConfig, key: str, observe: Any
     lines = {k.strip(): v.split() for k, _, v in (ln.partition("=") for ln in content.splitlines() if "=" in ln)}
     observe(lines.get(key))
     assert lines.get(key) == _wanted(config, key).split()
+
+
+@pytest.mark.invariant(
+    "sysctl-rmem-max", "sysctl-wmem-max", "sysctl-tcp-slow-start-after-idle", "net-ip-local-port-range"
+)
+def test_sysctl_file_is_a_root_owned_regular_file(host: Any, config: StackConfig, observe: Any) -> None:
+    # A symlink or a writable file would let whoever owns its target decide the host's sysctls at boot.
+    shown = host.run(f"stat -c '%F %a %U:%G' {shlex.quote(config.host_tuning.sysctl_file)}").stdout.strip()
+    observe(shown)
+    assert shown == "regular file 644 root:root"
+
+
+@pytest.mark.parametrize("key", SYSCTLS)
+def test_sysctl_wins_at_boot(host: Any, config: StackConfig, key: str, observe: Any) -> None:
+    # What systemd-sysctl applies at boot: a later-sorting file (99-zzz.conf, /etc/sysctl.conf) would win.
+    fact = SysctlBootOrder()
+    order = fact.process(host.run(fact.command()).stdout.splitlines())
+    beating = boot_overrides(order, config.host_tuning.sysctl_file, {key: _wanted(config, key)})
+    observe([f"{a.file}: {a.line}" for a in beating])
+    assert beating == []
 
 
 @pytest.mark.parametrize("key", SYSCTLS)
@@ -46,9 +73,9 @@ def test_sysctl_live(host: Any, config: StackConfig, key: str, container_kind: s
 def test_grub_carries_cgroup_v2(host: Any, container_kind: str | None, observe: Any) -> None:
     if container_kind:
         pytest.skip("a container has no bootloader; the GRUB argument is asserted on VM hosts")
-    line = host.run("grep '^GRUB_CMDLINE_LINUX=' /etc/default/grub").stdout
-    observe(line.strip())
-    assert CGROUP_ARG in line
+    effective = host.run(EFFECTIVE_GRUB_CMDLINE).stdout.split()
+    observe(" ".join(effective))
+    assert CGROUP_ARG in effective
     assert CGROUP_ARG in host.file("/boot/grub/grub.cfg").content_string
 
 

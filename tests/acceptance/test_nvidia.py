@@ -16,9 +16,8 @@ import pytest
 from ironserve.lock import FORBIDDEN_DRIVERS
 from ironserve.packages import distro_key, pinned_packages
 from roles import StackConfig
+from roles.nvidia import KEYRING, PREFERENCES, SOURCES_LIST, UNATTENDED_BLACKLIST, sources_line
 
-PREFERENCES = "/etc/apt/preferences.d/ironserve-nvidia.pref"
-UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51ironserve-nvidia-blacklist"
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 # deviceQuery is built from NVIDIA/cuda-samples tag v<X.Y> (the toolkit ships no samples since CUDA 11.6), which
 # the role unpacks into /opt/cuda-samples-<X.Y>; the sample's Makefile copies the binary to bin/<arch>/<os>/release.
@@ -35,11 +34,38 @@ def _cuda_home(config: StackConfig) -> str:
     return config.nvidia.cuda_home or f"/usr/local/cuda-{_cuda_line(config)}"
 
 
-def _pins(host: Any, config: StackConfig) -> dict[str, str]:
+def _distro(host: Any) -> str:
     os_id, _, version = host.run(". /etc/os-release && echo $ID $VERSION_ID").stdout.strip().partition(" ")
-    return pinned_packages(
-        config.profile.packages, distro_key(os_id, version), without=config.nvidia.skipped_components()
-    )
+    return distro_key(os_id, version)
+
+
+def _pins(host: Any, config: StackConfig) -> dict[str, str]:
+    return pinned_packages(config.profile.packages, _distro(host), without=config.nvidia.skipped_components())
+
+
+def _repository_line(host: Any, config: StackConfig) -> str:
+    assert config.nvidia.repo_url is not None, "nvidia_repo_url is not set (the role refuses to deploy without it)"
+    return sources_line(config.nvidia.repo_url, _distro(host))
+
+
+def _repository_uri(host: Any, config: StackConfig) -> str:
+    """The repository's URI in the source line, as apt prints it (without the trailing slash)."""
+    uri = re.search(r"\]\s+(\S+)", _repository_line(host, config))
+    assert uri, "the rendered source line names no URI"
+    return uri[1].rstrip("/")
+
+
+def _origin(line: str) -> str | None:
+    """The URI of an `apt-cache policy` origin line (`   500 URI SUITE Packages`), else None."""
+    fields = line.split()
+    return fields[1].rstrip("/") if len(fields) > 2 and fields[0].lstrip("-").isdigit() else None
+
+
+def _packet_tag(first_byte: int) -> int | None:
+    """The OpenPGP packet tag of a binary packet's first byte (new or old header format); None if not binary."""
+    if not first_byte & 0x80:
+        return None
+    return first_byte & 0x3F if first_byte & 0x40 else (first_byte >> 2) & 0x0F
 
 
 def _samples_dir(config: StackConfig) -> str:
@@ -100,6 +126,71 @@ def test_unattended_upgrades_leave_the_lock_alone(host: Any, config: StackConfig
     assert "Unattended-Upgrade::Package-Blacklist" in content
     for name in _pins(host, config):
         assert f'"{re.escape(name)}$";' in content
+
+
+@pytest.mark.invariant("drv-version")
+def test_repository_source_is_the_rendered_line(host: Any, config: StackConfig, observe: Any) -> None:
+    source = host.file(SOURCES_LIST)
+    content = source.content_string if source.exists else None
+    observe(content.strip() if content else "missing")
+    assert content == _repository_line(host, config)
+
+
+@pytest.mark.invariant("drv-version")
+def test_repository_keyring_is_a_binary_openpgp_keyring(host: Any, observe: Any) -> None:
+    source = host.file(SOURCES_LIST)
+    signed_by = re.search(r"signed-by=([^\s\]]+)", source.content_string if source.exists else "")
+    path = signed_by[1] if signed_by else None
+    keyring = host.file(path) if path else None
+    data = keyring.content if keyring is not None and keyring.is_file else b""
+    observe(f"{path}: {len(data)} bytes, first byte {data[:1].hex() or 'none'}")
+    assert path == KEYRING
+    # apt's signed-by takes a binary keyring, which opens with a public-key packet (tag 6); armored text does not.
+    assert data and _packet_tag(data[0]) == 6
+
+
+@pytest.mark.invariant("drv-version")
+def test_fetched_repository_index_verifies_with_the_keyring(host: Any, config: StackConfig, observe: Any) -> None:
+    # A replaced key fails `apt-get update` for this repository only, and apt keeps serving the stale index.
+    if not host.exists("gpgv"):
+        pytest.skip("no gpgv on this host (apt verifies with another tool here)")
+    packages = host.run(
+        "apt-get indextargets --format '$(FILENAME)' 'Identifier: Packages' "
+        f"'Repo-URI: {_repository_uri(host, config)}/'"
+    ).stdout.split()
+    # A flat repository's index files sit side by side in apt's lists: ..._Packages and ..._InRelease.
+    in_release = packages[0].removesuffix("_Packages") + "_InRelease" if packages else None
+    verified = host.run(f"gpgv --keyring {KEYRING} {in_release}") if in_release else None
+    observe(verified.stderr.strip().splitlines()[-1:] if verified else "no index target for the repository")
+    assert verified is not None and verified.rc == 0
+
+
+@pytest.mark.invariant("drv-version")
+def test_apt_has_fetched_the_repository(host: Any, config: StackConfig, observe: Any) -> None:
+    # apt lists a package file only once `apt-get update` fetched it; a source restored without an update is not.
+    package_files = host.run("apt-cache policy").stdout.split("Pinned packages:")[0]
+    origins = [uri for uri in map(_origin, package_files.splitlines()) if uri]
+    observe(origins)
+    assert _repository_uri(host, config) in origins
+
+
+@pytest.mark.invariant("drv-version", "cuda-version")
+def test_locked_cuda_toolkit_is_offered_by_the_repository(host: Any, config: StackConfig, observe: Any) -> None:
+    # Only NVIDIA's repository carries the toolkit: apt can reinstall the lock from it.
+    package = "cuda-toolkit-" + _cuda_line(config).replace(".", "-")
+    policy = host.run(f"apt-cache policy {package}").stdout.splitlines()
+    candidate = next((line.split()[1] for line in policy if line.strip().startswith("Candidate:")), None)
+    origins: dict[str, list[str]] = {}
+    version = None
+    for line in policy:
+        if re.match(r"^ (\*\*\*|   ) \S+ -?\d+$", line):  # a version of the version table; its origins follow
+            version = line.split()[-2]
+            origins[version] = []
+        elif version and (uri := _origin(line)):
+            origins[version].append(uri)
+    observe({"candidate": candidate, "from": origins.get(candidate or "", [])})
+    assert candidate == _pins(host, config).get(package)
+    assert _repository_uri(host, config) in origins.get(candidate or "", [])
 
 
 @pytest.mark.invariant("cuda-toolkit-without-bundled-driver")

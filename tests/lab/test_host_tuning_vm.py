@@ -68,6 +68,29 @@ def test_grub_drift_is_restored_without_a_reboot(rebooted_vm: tuple[LabHost, str
     assert deploy([vm], roles=HOST_TUNING).changed == 0
 
 
+def test_grub_drop_in_override_is_restored_without_a_reboot(rebooted_vm: tuple[LabHost, str, str]) -> None:
+    vm = rebooted_vm[0]
+    boot = remote.boot_id(vm)
+    # Sorted before the image's ironserve-lab.cfg, which appends the serial console to whatever this one sets.
+    drop_in = "/etc/default/grub.d/99-site.cfg"
+    try:
+        remote.run(vm, f"printf '%s\\n' 'GRUB_CMDLINE_LINUX=\"console=ttyS0\"' > {drop_in} && update-grub 2>/dev/null")
+        assert CGROUP_ARG not in remote.run(vm, "cat /boot/grub/grub.cfg")
+        restored = deploy([vm], roles=HOST_TUNING)
+        assert restored.returncode == 0, restored.output
+        assert restored.changed >= 1
+        assert CGROUP_ARG in remote.run(vm, f"grep ^GRUB_CMDLINE_LINUX= {drop_in}")
+        assert CGROUP_ARG in remote.run(vm, "cat /boot/grub/grub.cfg")
+        assert "$GRUB_CMDLINE_LINUX" in remote.run(
+            vm, "grep ^GRUB_CMDLINE_LINUX= /etc/default/grub.d/ironserve-lab.cfg"
+        )
+        assert remote.boot_id(vm) == boot  # the running kernel already had the argument
+        again = deploy([vm], roles=HOST_TUNING)
+        assert (again.returncode, again.changed) == (0, 0), again.output
+    finally:
+        remote.run(vm, f"rm -f {drop_in} && update-grub 2>/dev/null")
+
+
 def test_defer_policy_leaves_a_marker_and_does_not_reboot(
     rebooted_vm: tuple[LabHost, str, str], tmp_path: Path
 ) -> None:

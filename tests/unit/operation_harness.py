@@ -167,7 +167,8 @@ def render(command: Any) -> Rendered:
         if isinstance(src, str):
             return {"upload": command.dest, "src": src}
         src.seek(0)
-        return {"upload": command.dest, "content": src.read()}
+        content = src.read()
+        return {"upload": command.dest, "content": content.decode() if isinstance(content, bytes) else content}
     if inspect.isgenerator(command):
         raise TypeError("the operation yielded a generator: a nested operation needs `yield from op._inner(...)`")
     raise TypeError(f"the operation yielded {command!r}, which is no pyinfra command")

@@ -32,7 +32,12 @@ FACTS_DIR = Path(__file__).resolve().parents[1] / "facts"
 CASES = sorted(FACTS_DIR.glob("*/*.json"))
 CASE_KEYS = {"source", "kwargs", "command", "command_reads", "output", "output_file", "fact"}
 ROLE_FACT_FILES = sorted(Path(roles.__file__).parent.glob("*/facts.py"))
-FACT_MODULES = ("ironserve.facts", *(f"roles.{path.parent.name}.facts" for path in ROLE_FACT_FILES))
+FACT_MODULES = (
+    "ironserve.facts",
+    "ironserve.owned",
+    "ironserve.sysctl_boot",
+    *(f"roles.{path.parent.name}.facts" for path in ROLE_FACT_FILES),
+)
 
 
 def samples_dir() -> Path:

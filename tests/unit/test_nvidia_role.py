@@ -10,7 +10,6 @@ from unittest.mock import patch
 
 import pytest
 from operation_harness import FakeHost, fact_key, run_operation
-from pyinfra.api.exceptions import OperationError
 
 from ironserve.apt import preferences, unattended_blacklist
 from ironserve.config import ConfigError
@@ -136,11 +135,12 @@ def test_secure_boot_gate_warns_when_shim_does_not_validate_and_refuses_by_polic
         assert run_operation(refuse_secure_boot, host) == []  # the default policy: proceed
     message = log.call_args.args[0]
     assert "Secure Boot does not protect this host's kernel" in message and "mokutil --enable-validation" in message
-    with pytest.raises(OperationError, match="nvidia_shim_validation_disabled is refuse"):
-        run_operation(refuse_secure_boot, host, shim_validation_disabled="refuse")
+    # Refused: a failing command stops this host only (the others go on).
+    (refused,) = run_operation(refuse_secure_boot, host, shim_validation_disabled="refuse")
+    assert "nvidia_shim_validation_disabled is refuse" in refused and refused.endswith(">&2; exit 1")
     enforcing = FakeHost({fact_key(SecureBoot): "enabled"})
-    with pytest.raises(OperationError, match="mokutil --import"):
-        run_operation(refuse_secure_boot, enforcing)
+    (refused,) = run_operation(refuse_secure_boot, enforcing)
+    assert "mokutil --import" in refused and refused.endswith(">&2; exit 1")
 
 
 def test_shim_validation_policy_is_a_checked_setting() -> None:

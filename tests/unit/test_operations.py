@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,13 @@ from tests.unit.operation_harness import (
 )
 
 CASES = Path(__file__).resolve().parents[1] / "operations"
-CASE_KEYS = {"description", "kwargs", "facts", "commands", "noop", "raises", "executing"}
+CASE_KEYS = {"description", "source", "kwargs", "facts", "commands", "noop", "raises", "fails", "executing"}
 # Every operation ironserve defines, each with a folder of JSON cases or the functions in this module.
 OPERATION_MODULES = (
     "ironserve.operations",
     "ironserve.apt",
+    "ironserve.owned",
+    "ironserve.sysctl_boot",
     "ironserve.reboot",
     "roles.host_tuning",
     "roles.nvidia.operations",
@@ -55,6 +58,7 @@ OPERATION_MODULES = (
     "roles.preflight",
     "roles.bios",
 )
+ALWAYS_CHANGE = {"ironserve.apt.apt_updated"}  # run only _if a source changed: no no-op to test
 TESTED_HERE = {"ironserve.reboot.reboot_for_needs", "roles.preflight.preflight_gate", "roles.bios.bios_attributes"}
 
 
@@ -76,7 +80,7 @@ def assert_all_read(host: FakeHost) -> None:
 def test_operation_case(path: Path) -> None:
     case = json.loads(path.read_text())
     assert set(case) <= CASE_KEYS, f"unknown keys {set(case) - CASE_KEYS}"
-    assert {"commands", "noop", "raises"} & set(case), "a case says what the operation does"
+    assert {"commands", "noop", "raises", "fails"} & set(case), "a case says what the operation does"
     operation = resolve(path.parent.name)
     host = FakeHost(facts_table(case.get("facts", [])))
     state = FakeState(executing=case.get("executing", True))
@@ -84,6 +88,12 @@ def test_operation_case(path: Path) -> None:
         with pytest.raises(OperationError) as raised:
             run_operation(operation, host, state, **case.get("kwargs", {}))
         assert case["raises"] in str(raised.value)
+    elif "fails" in case:  # the operation stops this host only: its last command fails with the message
+        commands = run_operation(operation, host, state, **case.get("kwargs", {}))
+        assert commands[:-1] == case.get("commands", []), json.dumps(commands, indent=2)
+        last = commands[-1] if commands else ""
+        assert isinstance(last, str) and last.startswith("echo ") and last.endswith(" >&2; exit 1"), last
+        assert case["fails"] in shlex.split(last.removesuffix(" >&2; exit 1"))[1], last
     else:
         commands = run_operation(operation, host, state, **case.get("kwargs", {}))
         assert commands == case.get("commands", []), json.dumps(commands, indent=2)
@@ -109,8 +119,10 @@ def test_every_operation_has_cases() -> None:
     assert set(folders) <= defined_operations(), "a case folder names no operation"
     for name, cases in folders.items():
         # refuse_secure_boot and verify_stack only judge: their change is an error.
-        assert any(c.get("commands") or "raises" in c for c in cases), f"{name}: no case that changes or fails"
-        assert any("noop" in c for c in cases), f"{name}: no no-op case"
+        assert any(c.get("commands") or {"raises", "fails"} & set(c) for c in cases), (
+            f"{name}: no case that changes or fails"
+        )
+        assert name in ALWAYS_CHANGE or any("noop" in c for c in cases), f"{name}: no no-op case"
 
 
 # --- the harness itself ---------------------------------------------------------------------------------------

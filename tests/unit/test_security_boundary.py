@@ -130,8 +130,9 @@ def test_kernel_modules_and_swap_and_holds() -> None:
         "overlay": "loaded",
         "br_netfilter": "absent",
     }
-    assert SwapState().process(["active /dev/sda3", "fstab UUID=1234"]) == {
+    assert SwapState().process(["active /dev/sda3", "fstab UUID=1234", "unit swapfile.swap"]) == {
         "active": ["/dev/sda3"],
         "fstab": ["UUID=1234"],
+        "unit": ["swapfile.swap"],
     }
-    assert SwapState.default() == {"active": [], "fstab": []}
+    assert SwapState.default() == {"active": [], "fstab": [], "unit": []}
