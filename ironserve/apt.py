@@ -13,10 +13,10 @@ import re
 import shlex
 
 from pyinfra.api.operation import operation
-from pyinfra.context import host
+from pyinfra.context import host, state
 
-from ironserve.facts import AptPackageFiles, DpkgHealth, DpkgPackages
-from ironserve.operations import Commands
+from ironserve.facts import AptCandidates, AptPackageFiles, DpkgHealth, DpkgPackages
+from ironserve.operations import Commands, failing
 from ironserve.owned import report
 
 # Seconds to wait for dpkg's lock when another apt holds it (an apt left running by a dropped SSH session,
@@ -75,6 +75,28 @@ def pinned_install(pins: dict[str, str], recommends: bool = True) -> Commands:
             report(f"{name} lacks {', '.join(paths[:3])}: reinstalling it")
         again = " ".join(shlex.quote(f"{name}={pins[name]}") for name in health.damaged)
         yield f"{APT_GET} --allow-change-held-packages --reinstall install {again}"
+
+
+@operation()
+def pins_in_force(pins: dict[str, str], own_file: str, priority_key: str | None = None) -> Commands:
+    """Stop this host when apt would not install the pinned versions although they are pinned: another
+    preferences entry outranks `own_file` (a site's pin of a newer driver). Overriding it would undo an admin's
+    deliberate choice, so the host stops naming the setting that outranks it. Read when the deploy runs, after
+    `own_file` is restored."""
+    if not state.is_executing:
+        host.noop(f"apt's candidates checked against {own_file} when the deploy runs")
+        return
+    candidates = host.get_fact(AptCandidates, packages=tuple(pins))
+    outranked = {n: candidates[n] for n, v in pins.items() if candidates.get(n) not in {v, None, "(none)"}}
+    if not outranked:
+        host.noop(f"apt's candidates are the pinned versions ({own_file} in force)")
+        return
+    shown = ", ".join(f"{name} {found} (pinned {pins[name]})" for name, found in outranked.items())
+    raise_it = f", or raise {priority_key} above its priority" if priority_key else ""
+    yield failing(
+        f"apt would install {shown}: an apt preferences entry other than {own_file} outranks ironserve's pin "
+        f"(see `apt-cache policy {' '.join(outranked)}`). Remove that entry{raise_it}"
+    )
 
 
 @operation()

@@ -193,6 +193,27 @@ def excluded_by_dpkg(path: str, filters: list[tuple[bool, str]]) -> bool:
     return excluded
 
 
+class AptCandidates(FactBase[dict[str, str]]):
+    """The version apt would install of each of `packages` (`apt-cache policy`'s Candidate), as its preferences
+    in force decide: every file of /etc/apt/preferences.d and the repositories it has fetched."""
+
+    @staticmethod
+    def default() -> dict[str, str]:
+        return {}
+
+    def command(self, packages: Iterable[str]) -> str:
+        return "apt-cache policy " + " ".join(shlex.quote(p) for p in packages) + " 2>/dev/null || true"
+
+    def process(self, output: Iterable[str]) -> dict[str, str]:
+        candidates, package = {}, None
+        for line in output:
+            if line and not line[0].isspace() and line.rstrip().endswith(":"):
+                package = line.rstrip()[:-1]
+            elif package and line.strip().startswith("Candidate:"):
+                candidates[package] = line.split(":", 1)[1].strip()
+        return candidates
+
+
 class AptPackageFiles(FactBase[list[str]]):
     """The repositories apt has fetched an index of (`apt-cache policy`'s package files), as URLs: what apt
     will install from, whatever sources.list.d says."""

@@ -22,6 +22,7 @@ from pyinfra import logger
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 from pyinfra.api.operation import operation
+from pyinfra.api.util import get_template
 from pyinfra.context import host, state
 
 from ironserve.operations import Commands, failing
@@ -74,6 +75,11 @@ def parse_path_shape(lines: list[str]) -> PathShape:
         return PathShape("absent")
     kind, mode, user, group, immutable, sha256, target = line.split("|", 6)
     return PathShape(kind, mode, user, group, immutable == "i", sha256, target)
+
+
+def render_template(path: str, **context: Any) -> str:
+    """A role's jinja2 template rendered as pyinfra's files.template does, for owned_file's content."""
+    return get_template(path).render(**context)
 
 
 def report(message: str) -> None:

@@ -18,7 +18,7 @@ from pyinfra.context import host
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import systemd
 
-from ironserve.apt import held, pinned_install, preferences
+from ironserve.apt import held, pinned_install, pins_in_force, preferences
 from ironserve.facts import ContainerKind
 from ironserve.operations import Commands, live_sysctl
 from ironserve.owned import backup_path, owned_directory, owned_file, report, unmasked
@@ -141,6 +141,7 @@ def container_runtime(config: StackConfig, run: HostRun) -> None:
         content=preferences(settings.packages, PIN_PRIORITY, "roles/container_runtime"),
         clear_immutable=frozen,
     )
+    pins_in_force(name="apt's candidates are containerd's pins", pins=settings.packages, own_file=PIN_FILE)
     pinned_install(name="Install containerd (pinned)", pins=settings.packages, recommends=False)
     held(name="Hold containerd packages", names=list(settings.packages))
 

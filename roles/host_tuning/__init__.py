@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
-from pyinfra.api.util import get_template
 from pyinfra.context import host
 from pyinfra.operations import files, systemd
 
 from ironserve.apt import installed
 from ironserve.facts import ContainerKind
 from ironserve.operations import Commands, failing, live_sysctl
-from ironserve.owned import owned_file, unmasked
+from ironserve.owned import owned_file, render_template, unmasked
 from ironserve.reboot import RebootCheck, read_on
 from ironserve.run import HostRun
 from ironserve.sysctl_boot import boot_sysctls_win
@@ -117,17 +116,13 @@ def kernel_args_reboot(args: tuple[str, ...]) -> RebootCheck:
     return RebootCheck("host_tuning", needed, took_effect)
 
 
-def rendered(template: str, settings: HostTuningSettings) -> str:
-    return get_template(str(TEMPLATES / template)).render(settings=settings)
-
-
 def _time_sync(settings: HostTuningSettings, clear_immutable: bool) -> None:
     installed(name="Install systemd-timesyncd", packages=["systemd-timesyncd"])
     if settings.ntp_servers:
         owned_file(
             name="Configure NTP servers",
             path="/etc/systemd/timesyncd.conf.d/ironserve.conf",
-            content=rendered("timesyncd.conf.j2", settings),
+            content=render_template(str(TEMPLATES / "timesyncd.conf.j2"), settings=settings),
             clear_immutable=clear_immutable,
         )
     unmasked(name="systemd-timesyncd not masked", unit="systemd-timesyncd.service")
@@ -146,7 +141,7 @@ def host_tuning(config: StackConfig, run: HostRun) -> None:
     owned_file(
         name="Persist sysctls",
         path=settings.sysctl_file,
-        content=rendered("sysctl.conf.j2", settings),
+        content=render_template(str(TEMPLATES / "sysctl.conf.j2"), settings=settings),
         clear_immutable=config.clear_immutable,
     )
     boot_sysctls_win(name="Sysctls win at boot", own_file=settings.sysctl_file, sysctls=settings.sysctls)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from importlib.resources import files as package_files
-from io import StringIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ from pyinfra.operations import files, systemd
 
 from ironserve.apt import installed
 from ironserve.operations import daemon_reloaded, restarted_when_stale
+from ironserve.owned import owned_directory, owned_file, render_template, unmasked
 from ironserve.run import HostRun
 from ironserve.validators import check_environment, systemd_quoted
 from roles.inference.operations import locked_environment, model_version_dir, runtime_dirs, service_package, serving
@@ -59,8 +59,9 @@ def environment_assignments(env: Mapping[str, str]) -> list[str]:
     return [systemd_quoted(f"{name}={value}") for name, value in check_environment(env).items()]
 
 
-def _unit(template: str, unit: str, name: str, **context: Any) -> None:
-    files.template(name=name, src=str(TEMPLATES / template), dest=f"{UNIT_DIR}/{unit}", mode="644", **context)
+def _unit(template: str, unit: str, name: str, frozen: bool, **context: Any) -> None:
+    content = render_template(str(TEMPLATES / template), **context)
+    owned_file(name=name, path=f"{UNIT_DIR}/{unit}", content=content, clear_immutable=frozen)
 
 
 def _install_service(config: StackConfig) -> None:
@@ -73,8 +74,14 @@ def _install_service(config: StackConfig) -> None:
         packages=["python3-venv", "libnuma1", "etcd-server", *(["prometheus"] if inference.prometheus else [])],
         recommends=False,
     )
-    files.directory(name="ironserve's directory", path=str(Path(LOCK_PATH).parent), mode="755")
-    files.put(name="Hash-locked requirements", src=str(inference.requirements), dest=LOCK_PATH, mode="644")
+    frozen = config.clear_immutable
+    owned_directory(name="ironserve's directory", path=str(Path(LOCK_PATH).parent), clear_immutable=frozen)
+    owned_file(
+        name="Hash-locked requirements",
+        path=LOCK_PATH,
+        content=inference.requirements.read_bytes(),
+        clear_immutable=frozen,
+    )
     locked_environment(
         name="Python environment exactly as locked",
         venv=venv,
@@ -85,8 +92,8 @@ def _install_service(config: StackConfig) -> None:
     )
     wheel, digest = service_wheel()
     remote_wheel = f"{WHEEL_DIR}/{wheel.name}"
-    files.directory(name="Service wheel directory", path=WHEEL_DIR, mode="755")
-    files.put(name="ironserve-service wheel", src=str(wheel), dest=remote_wheel, mode="644")
+    owned_directory(name="Service wheel directory", path=WHEEL_DIR, clear_immutable=frozen)
+    owned_file(name="ironserve-service wheel", path=remote_wheel, content=wheel.read_bytes(), clear_immutable=frozen)
     service_package(name="Install ironserve-service", venv=venv, wheel=remote_wheel, digest=digest)
 
 
@@ -97,7 +104,9 @@ def _install_model(config: StackConfig, settings: ServiceSettings, version: str)
     # The deletion guard, right before the sync: the destination is <models root>/<version>, both validated.
     dest = model_version_dir(str(settings.swap.models_root), version)
     root = posixpath.dirname(dest)
-    files.directory(name="Model versions", path=root, user="root", group=security.group, mode="750")
+    owned_directory(
+        name="Model versions", path=root, mode="750", group=security.group, clear_immutable=config.clear_immutable
+    )
     files.sync(
         name=f"Model version {version}",
         src=str(source),
@@ -113,35 +122,39 @@ def _install_model(config: StackConfig, settings: ServiceSettings, version: str)
 def _configure(config: StackConfig, settings: ServiceSettings) -> None:
     security = config.security
     colours_dirs = [str(RUN_DIR / colour) for colour in COLOURS]
-    files.directory(name="/etc/ironserve", path=str(CONFIG_PATH.parent), mode="755")
-    files.put(name="Service configuration", src=StringIO(service_yaml(settings)), dest=str(CONFIG_PATH), mode="644")
-    files.directory(
+    frozen = config.clear_immutable
+    owned_directory(name="/etc/ironserve", path=str(CONFIG_PATH.parent), clear_immutable=frozen)
+    owned_file(
+        name="Service configuration", path=str(CONFIG_PATH), content=service_yaml(settings), clear_immutable=frozen
+    )
+    owned_directory(
         name="Envoy's dynamic configuration (written by the control loop)",
         path=str(settings.swap.router_dir),
+        mode="750",
         user=security.user,
         group=security.group,
-        mode="750",
+        clear_immutable=frozen,
     )
-    files.template(
-        name="Runtime directories (tmpfiles.d)",
-        src=str(TEMPLATES / "tmpfiles.conf.j2"),
-        dest=TMPFILES,
-        mode="644",
+    tmpfiles = render_template(
+        str(TEMPLATES / "tmpfiles.conf.j2"),
         run_dir=str(RUN_DIR),
         colours=COLOURS,
         account=security.user,
         account_group=security.group,
     )
+    owned_file(name="Runtime directories (tmpfiles.d)", path=TMPFILES, content=tmpfiles, clear_immutable=frozen)
     runtime_dirs(name="Create the runtime directories", config_file=TMPFILES, paths=[str(RUN_DIR), *colours_dirs])
 
 
 def _units(config: StackConfig, settings: ServiceSettings, version: str) -> None:
     inference, security = config.inference, config.security
     common = {"venv": inference.venv, "config": str(CONFIG_PATH), "model_name": inference.model_name}
+    frozen = config.clear_immutable
     _unit(
         "engine.service.j2",
         ENGINE_TEMPLATE,
         "Engine unit template (blue/green)",
+        frozen,
         run_dir=str(RUN_DIR),
         state_dir=security.state_dir,
         environment=environment_assignments(inference.engine_environment),
@@ -152,6 +165,7 @@ def _units(config: StackConfig, settings: ServiceSettings, version: str) -> None
         "serve.service.j2",
         SERVE_UNIT,
         "Serve the configured version at boot",
+        frozen,
         version=version,
         start_timeout_s=int(settings.swap.ready_timeout_s + settings.swap.drain_max_s) + 60,
         **common,
@@ -161,6 +175,7 @@ def _units(config: StackConfig, settings: ServiceSettings, version: str) -> None
             "component.service.j2",
             unit,
             f"Unit {unit}",
+            frozen,
             command=command,
             description=description,
             after=after,
@@ -170,19 +185,20 @@ def _units(config: StackConfig, settings: ServiceSettings, version: str) -> None
         )
 
 
-def _prometheus(settings: ServiceSettings) -> None:
-    files.put(
+def _prometheus(settings: ServiceSettings, frozen: bool) -> None:
+    owned_file(
         name="SLO recording and alerting rules",
-        src=StringIO(render_rules(settings.slo, settings.quality)),
-        dest=PROMETHEUS_RULES,
-        mode="644",
+        path=PROMETHEUS_RULES,
+        content=render_rules(settings.slo, settings.quality),
+        clear_immutable=frozen,
     )
-    files.put(
+    owned_file(
         name="Prometheus scrape jobs",
-        src=StringIO(prometheus_config(settings, PROMETHEUS_RULES)),
-        dest=PROMETHEUS_CONFIG,
-        mode="644",
+        path=PROMETHEUS_CONFIG,
+        content=prometheus_config(settings, PROMETHEUS_RULES),
+        clear_immutable=frozen,
     )
+    unmasked(name="Prometheus not masked", unit="prometheus.service")
     systemd.service(name="Prometheus", service="prometheus.service", running=True, enabled=True)
     restarted_when_stale(
         name="Prometheus runs the current rules and scrape jobs (promtool-checked)",
@@ -211,6 +227,8 @@ def inference(config: StackConfig, run: HostRun) -> None:
     _units(config, settings, version)
     daemon_reloaded(name="systemd runs the current unit files", units=[*COMPONENTS, SERVE_UNIT, *ENGINES])
 
+    for unit in ("etcd.service", *COMPONENTS, SERVE_UNIT):
+        unmasked(name=f"{unit} not masked", unit=unit)
     systemd.service(name="etcd", service="etcd.service", running=True, enabled=True)
     for unit in COMPONENTS:
         systemd.service(name=unit, service=unit, running=True, enabled=True)
@@ -220,7 +238,7 @@ def inference(config: StackConfig, run: HostRun) -> None:
             inputs=[f"{UNIT_DIR}/{unit}", str(CONFIG_PATH)],
         )
     if config.inference.prometheus:
-        _prometheus(settings)
+        _prometheus(settings, config.clear_immutable)
 
     serving(
         name=f"Serve {config.inference.model_name} {version} (blue/green swap when it changes)",

@@ -29,6 +29,7 @@ from ironserve.apt import (
     held,
     installed,
     pinned_install,
+    pins_in_force,
     preferences,
     repository_fetched,
     unattended_blacklist,
@@ -156,6 +157,12 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
         rebuild_initramfs(name="Rebuild the initramfs without nouveau")
     if not runfile:
         remove_runfile_driver(name="Uninstall a runfile driver (apt method)")
+    pins_in_force(
+        name="apt's candidates are the locked versions",
+        pins=pins,
+        own_file=PREFERENCES,
+        priority_key="nvidia_pin_priority",
+    )
     pinned_install(name="Install the locked NVIDIA packages", pins=pins)
     held(name="Hold the locked NVIDIA packages", names=list(pins))
     apt_driver = tuple((config.profile.packages or {}).get(distro, {}).get("driver", {}))

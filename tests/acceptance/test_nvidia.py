@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ironserve.facts import AptCandidates
 from ironserve.lock import FORBIDDEN_DRIVERS
 from ironserve.packages import distro_key, pinned_packages
 from roles import StackConfig
@@ -191,6 +192,17 @@ def test_locked_cuda_toolkit_is_offered_by_the_repository(host: Any, config: Sta
     observe({"candidate": candidate, "from": origins.get(candidate or "", [])})
     assert candidate == _pins(host, config).get(package)
     assert _repository_uri(host, config) in origins.get(candidate or "", [])
+
+
+@pytest.mark.invariant("drv-version", "cuda-version")
+def test_apt_candidate_of_every_locked_package_is_its_pin(host: Any, config: StackConfig, observe: Any) -> None:
+    # A site's preferences entry above ironserve's pin would move the lock at the next `apt upgrade`.
+    pins = _pins(host, config)
+    fact = AptCandidates()
+    candidates = fact.process(host.run(fact.command(packages=tuple(pins))).stdout.splitlines())
+    outranked = {name: candidates.get(name) for name, version in pins.items() if candidates.get(name) != version}
+    observe(outranked or "every candidate is its pin")
+    assert outranked == {}
 
 
 @pytest.mark.invariant("cuda-toolkit-without-bundled-driver")

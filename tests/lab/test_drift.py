@@ -12,12 +12,16 @@ Simulated at the edge only: the NVIDIA packages come from the lab's signed mirro
 
 from __future__ import annotations
 
+import base64
+import json
 import posixpath
 import re
 import shlex
+import ssl
 import subprocess
 import textwrap
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +32,7 @@ from ironserve.lab import remote
 from ironserve.lab.deploying import HOST_ROLES, DeployResult, deploy, verify
 from ironserve.lab.state import LabHost
 from ironserve.owned import CLEAR_IMMUTABLE_KEY
+from ironserve.paths import lab_dir
 from roles import stack_config
 from roles.nvidia import KEYRING, NOUVEAU_BLACKLIST, PREFERENCES, SOURCES_LIST, UNATTENDED_BLACKLIST
 from roles.security.seccomp import DROPIN_NAME
@@ -436,16 +441,16 @@ def test_no_deploy_printed_a_traceback(hosts: list[LabHost]) -> None:
             assert "Traceback" not in run.output, run.output[-8000:]
 
 
-def _inventory_allowing_immutable(folder: Path, host: LabHost) -> Path:
-    path = folder / "clear_immutable.py"
+def _inventory_with(folder: Path, host: LabHost, keys: dict[str, object]) -> Path:
+    """The lab inventory of `host` alone, with `keys` set on top (a site turning a setting on)."""
+    path = folder / "site_with_keys.py"
     path.write_text(
         textwrap.dedent(f"""
         from ironserve.inventory import site
         from ironserve.lab.inventory import lab_groups
 
         _containers, _ = lab_groups()
-        allowed = {{{CLEAR_IMMUTABLE_KEY!r}: True}}
-        lab_containers = site([(n, {{**d, **allowed}}) for n, d in _containers if n == {host.name!r}])
+        lab_containers = site([(n, {{**d, **{keys!r}}}) for n, d in _containers if n == {host.name!r}])
         """)
     )
     return path
@@ -465,13 +470,79 @@ def test_an_immutable_file_stops_only_its_host_naming_the_setting_then_the_setti
         # The other host went on: its drift is restored and the results table came out.
         assert "Grand total" in refused.output, refused.output[-8000:]
         assert remote.run(other, f"cat {NOUVEAU_BLACKLIST}").startswith("# Managed by ironserve")
-        allowed = deploy([frozen], str(_inventory_allowing_immutable(tmp_path, frozen)), roles=HOST_ROLES)
+        inventory = _inventory_with(tmp_path, frozen, {CLEAR_IMMUTABLE_KEY: True})
+        allowed = deploy([frozen], str(inventory), roles=HOST_ROLES)
         assert allowed.returncode == 0, allowed.output[-8000:]
         assert "net.core.wmem_max = 26214400" in remote.run(frozen, f"cat {SYSCTLS}")
         assert "i" in remote.run(frozen, f"lsattr {SYSCTLS}").split()[0]  # the admin's freeze is kept
     finally:
         remote.run(frozen, f"chattr -i {SYSCTLS}")
     assert deploy(hosts, roles=HOST_ROLES).changed == 0
+
+
+def test_a_site_pin_above_the_lock_stops_its_host_naming_the_setting(hosts: list[LabHost]) -> None:
+    """A site's apt preferences entry pins a newer driver above ironserve's pin: a deliberate choice that the
+    deploy does not undo; it stops naming the file's effect and the setting that outranks it."""
+    host = hosts[1]
+    site_pin = "/etc/apt/preferences.d/zz-site-driver"
+    remote.run(host, f"printf 'Package: nvidia-driver\\nPin: version 535.*\\nPin-Priority: 1002\\n' > {site_pin}")
+    try:
+        gate = verify([host], "-q", "-rfE", roles=("nvidia",))
+        assert "test_apt_candidate_of_every_locked_package_is_its_pin" in gate.stdout, gate.stdout[-4000:]
+        refused = deploy([host], roles=HOST_ROLES)
+        assert refused.returncode != 0
+        assert "apt would install nvidia-driver 535" in refused.output and "nvidia_pin_priority" in refused.output
+        assert "Traceback" not in refused.output, refused.output[-8000:]
+    finally:
+        remote.run(host, f"rm -f {site_pin}")
+    again = deploy([host], roles=HOST_ROLES)
+    assert (again.returncode, again.changed) == (0, 0), again.output[-8000:]
+
+
+def _idrac(host: LabHost, method: str, path: str, body: dict[str, object]) -> None:
+    """A request to the host's (simulated) iDRAC as an admin's browser makes it, with the lab's credentials."""
+    user, _, password = (lab_dir() / "redfish-credentials").read_text().strip().partition(":")
+    request = urllib.request.Request(
+        host.extra["redfish_url"] + path,
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(),
+        },
+    )
+    context = ssl.create_default_context(cafile=host.extra["redfish_ca_file"])
+    with urllib.request.urlopen(request, context=context, timeout=30) as response:
+        assert response.status in {200, 204}
+
+
+def test_a_bios_setting_changed_in_the_idrac_is_named_then_restored_by_apply(
+    hosts: list[LabHost], tmp_path: Path
+) -> None:
+    """An admin turns 'Memory Mapped I/O above 4GB' off in the iDRAC and reboots: the GPUs' BARs go unmapped.
+    The default bios_mode (check) names it and stops the host; bios_mode apply sets it back through Redfish."""
+    host = hosts[0]
+    system = "/redfish/v1/Systems/System.Embedded.1"
+    _idrac(host, "PATCH", f"{system}/Bios/Settings", {"Attributes": {"MmioAbove4Gb": "Disabled"}})
+    _idrac(
+        host,
+        "POST",
+        "/redfish/v1/Managers/iDRAC.Embedded.1/Jobs",
+        {"TargetSettingsURI": f"{system}/Bios/Settings"},
+    )
+    _idrac(host, "POST", f"{system}/Actions/ComputerSystem.Reset", {"ResetType": "ForceRestart"})
+    gate = verify([host], "-q", "-rfE", roles=("preflight",))
+    assert "test_every_gpu_bar_is_mapped" in gate.stdout, gate.stdout[-4000:]
+    checked = deploy([host], roles=HOST_ROLES)
+    assert checked.returncode != 0
+    assert "MmioAbove4Gb" in checked.output and "bios_mode: apply" in checked.output, checked.output[-8000:]
+    apply = _inventory_with(tmp_path, host, {"bios_mode": "apply", "bios_reboot_policy": "auto"})
+    applied = deploy([host], str(apply), roles=HOST_ROLES)
+    assert applied.returncode == 0, applied.output[-8000:]
+    assert "<unassigned>" not in remote.run(host, "lspci -vvv -D -d 10de:")
+    again = deploy([host], roles=HOST_ROLES)
+    assert (again.returncode, again.changed) == (0, 0), again.output[-8000:]
+    assert verify([host], "-q", "-rfE", roles=("preflight",)).returncode == 0
 
 
 def test_a_deploy_waits_for_the_apt_an_interrupted_run_left_and_completes(hosts: list[LabHost]) -> None:

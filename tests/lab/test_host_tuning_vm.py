@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from ironserve.lab import remote
-from ironserve.lab.deploying import deploy
+from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
 
 pytestmark = pytest.mark.vm
 # Only host_tuning: under software emulation every other role's packages cost minutes.
 HOST_TUNING = ("host_tuning",)
+GRUB_GATE_TEST = "test_grub_carries_cgroup_v2"
 CGROUP_ARG = "systemd.unified_cgroup_hierarchy=1"
 
 
@@ -76,6 +77,7 @@ def test_grub_drop_in_override_is_restored_without_a_reboot(rebooted_vm: tuple[L
     try:
         remote.run(vm, f"printf '%s\\n' 'GRUB_CMDLINE_LINUX=\"console=ttyS0\"' > {drop_in} && update-grub 2>/dev/null")
         assert CGROUP_ARG not in remote.run(vm, "cat /boot/grub/grub.cfg")
+        assert GRUB_GATE_TEST in _gate_failures(vm)  # the gate reads the value update-grub computes
         restored = deploy([vm], roles=HOST_TUNING)
         assert restored.returncode == 0, restored.output
         assert restored.changed >= 1
@@ -87,8 +89,15 @@ def test_grub_drop_in_override_is_restored_without_a_reboot(rebooted_vm: tuple[L
         assert remote.boot_id(vm) == boot  # the running kernel already had the argument
         again = deploy([vm], roles=HOST_TUNING)
         assert (again.returncode, again.changed) == (0, 0), again.output
+        assert GRUB_GATE_TEST not in _gate_failures(vm)
     finally:
         remote.run(vm, f"rm -f {drop_in} && update-grub 2>/dev/null")
+
+
+def _gate_failures(vm: LabHost) -> str:
+    """The FAILED lines of the host_tuning gate on `vm` (other checks of a VM, e.g. its clock, may fail too)."""
+    gate = verify([vm], "-q", "-rfE", roles=HOST_TUNING)
+    return "\n".join(line for line in gate.stdout.splitlines() if line.startswith(("FAILED", "ERROR")))
 
 
 def test_defer_policy_leaves_a_marker_and_does_not_reboot(

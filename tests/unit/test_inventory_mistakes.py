@@ -691,7 +691,7 @@ def test_the_deploy_checks_the_destination_right_before_the_sync(
     monkeypatch.setattr(
         inference_role, "model_version_dir", lambda r, v: calls.append(("guard", (r, v))) or real_guard(r, v)
     )
-    monkeypatch.setattr(inference_role.files, "directory", lambda **kw: calls.append(("directory", kw["path"])))
+    monkeypatch.setattr(inference_role, "owned_directory", lambda **kw: calls.append(("directory", kw["path"])))
     monkeypatch.setattr(inference_role.files, "sync", lambda **kw: calls.append(("sync", (kw["dest"], kw["delete"]))))
     config = stack_config("r740-01", deployable)
     settings = config.inference.service_settings(config.security.model_dir)
