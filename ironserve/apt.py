@@ -16,8 +16,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 
 from ironserve.facts import AptCandidates, AptPackageFiles, DpkgHealth, DpkgPackages
-from ironserve.operations import Commands, failing
-from ironserve.owned import report
+from ironserve.operations import Commands, failing, report
 
 # Seconds to wait for dpkg's lock when another apt holds it (an apt left running by a dropped SSH session,
 # unattended-upgrades): apt waits itself with DPkg::Lock::Timeout and says who holds the lock (apt.conf(5)).

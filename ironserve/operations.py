@@ -5,15 +5,23 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.operation import operation
-from pyinfra.context import host
+from pyinfra.context import host, state
 
 from ironserve.facts import ContainerKind, StaleUnits, SysctlState, UnitsNeedingReload
 
 # What an operation function returns: the commands it yields (strings, StringCommand, FunctionCommand, or
 # another operation's `_inner`).
 Commands = Generator[Any, None, None]
+
+
+def report(message: str) -> None:
+    """A warning in the deploy's output, once: an operation's body runs when changes are detected and again when
+    it executes."""
+    if state.is_executing:
+        logger.warning(f"{host.print_prefix}{message}")
 
 
 def failing(message: str) -> StringCommand:

@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from io import BytesIO
 from typing import Any
 
-from pyinfra import logger
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 from pyinfra.api.operation import operation
 from pyinfra.api.util import get_template
-from pyinfra.context import host, state
+from pyinfra.context import host
 
-from ironserve.operations import Commands, failing
+from ironserve.operations import Commands, failing, report
 
 BACKUP_DIR = "/var/backups/ironserve"
 CLEAR_IMMUTABLE_KEY = "ironserve_clear_immutable"
@@ -82,23 +81,23 @@ def render_template(path: str, **context: Any) -> str:
     return get_template(path).render(**context)
 
 
-def report(message: str) -> None:
-    """A warning in the deploy's output, once: an operation's body runs when changes are detected and again when
-    it executes."""
-    if state.is_executing:
-        logger.warning(f"{host.print_prefix}{message}")
-
-
 def backup_path(path: str) -> str:
     return posixpath.join(BACKUP_DIR, path.lstrip("/"))
 
 
-def _moved_aside(path: str, shape: PathShape) -> Commands:
-    """Move a wrongly shaped `path` into BACKUP_DIR (mv --backup keeps earlier copies as .~N~) and say so."""
+def backed_up(path: str, why: str, keep_original: bool = False) -> Commands:
+    """Move `path` into BACKUP_DIR (copy it with `keep_original`), earlier backups kept as .~N~, and say why."""
     backup = backup_path(path)
-    report(f"{path} was a {shape.kind}, not what ironserve owns there: moved to {backup}")
+    report(f"{path} {why}: {'copied' if keep_original else 'moved'} to {backup}")
     yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(backup)))
-    yield StringCommand("mv", "-T", "--backup=numbered", QuoteString(path), QuoteString(backup))
+    if keep_original:
+        yield StringCommand("cp", "--backup=numbered", QuoteString(path), QuoteString(backup))
+    else:
+        yield StringCommand("mv", "-T", "--backup=numbered", QuoteString(path), QuoteString(backup))
+
+
+def _moved_aside(path: str, shape: PathShape) -> Commands:
+    yield from backed_up(path, f"was a {shape.kind}, not what ironserve owns there")
 
 
 def _thawed(path: str, shape: PathShape, clear_immutable: bool, what: str) -> Generator[Any, None, bool]:

@@ -21,7 +21,7 @@ from pyinfra.operations import systemd
 from ironserve.apt import held, pinned_install, pins_in_force, preferences
 from ironserve.facts import ContainerKind
 from ironserve.operations import Commands, live_sysctl
-from ironserve.owned import backup_path, owned_directory, owned_file, report, unmasked
+from ironserve.owned import backed_up, backup_path, owned_directory, owned_file, unmasked
 from ironserve.run import HostRun
 from ironserve.sysctl_boot import boot_sysctls_win
 from roles.container_runtime.containerd import ContainerdConfigError, nvidia_cli_keeps_cgroups, render_config
@@ -96,10 +96,8 @@ def nvidia_cli_cgroups(path: str, clear_immutable: bool = False) -> Commands:
     except ContainerdConfigError as exc:
         # Not TOML (a typo): the toolkit reads defaults for every key a file leaves out, so only the one
         # setting ironserve owns is written; the broken file is kept for the admin.
-        report(f"{path}: {exc}; rewritten, the broken file kept in {backup_path(path)}")
         wanted = NVIDIA_CLI_MINIMAL.format(backup=backup_path(path))
-        yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(backup_path(path))))
-        yield StringCommand("cp", "--backup=numbered", QuoteString(path), QuoteString(backup_path(path)))
+        yield from backed_up(path, f"is not TOML ({exc}), rewritten", keep_original=True)
     if wanted == current:
         host.noop(f"{path}: no-cgroups = false under [nvidia-container-cli]")
         return

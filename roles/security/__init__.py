@@ -8,7 +8,6 @@ systemd and the container runtime enforce one syscall list.
 
 from __future__ import annotations
 
-import posixpath
 from typing import TYPE_CHECKING
 
 from pyinfra.api.command import QuoteString, StringCommand
@@ -18,8 +17,8 @@ from pyinfra.context import host
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
-from ironserve.operations import Commands
-from ironserve.owned import backup_path, owned_directory, owned_file, report
+from ironserve.operations import Commands, report
+from ironserve.owned import backed_up, owned_directory, owned_file
 from ironserve.run import HostRun
 from roles.security.facts import ForeignDropins, PasswordState, SupplementaryGroups
 from roles.security.seccomp import (
@@ -66,9 +65,7 @@ def foreign_dropins_moved_aside(units: list[str], own: list[str]) -> Commands:
         host.noop("no drop-in but ironserve's on " + ", ".join(units))
         return
     for path in foreign:
-        report(f"{path} overrides a unit ironserve hardens: moved to {backup_path(path)} (set it through security_*)")
-        yield StringCommand("mkdir", "-p", QuoteString(posixpath.dirname(backup_path(path))))
-        yield StringCommand("mv", "-T", "--backup=numbered", QuoteString(path), QuoteString(backup_path(path)))
+        yield from backed_up(path, "overrides a unit ironserve hardens (set it through security_*)")
 
 
 @deploy("Security")
