@@ -53,14 +53,19 @@ DROPIN_ROOTS = (
 )
 
 
-def dropin_dirs(unit: str) -> list[str]:
-    """The drop-in directories (as shell globs) that apply to `unit`: its own, its instances' for a template,
-    and each dash prefix's (`ai-.service.d` applies to every ai-* service; systemd.unit(5))."""
+def dropin_dir_names(unit: str) -> list[str]:
+    """The names (shell globs) of the drop-in directories that apply to `unit`: its own, its instances' for a
+    template, and each dash prefix's (`ai-.service.d` applies to every ai-* service; systemd.unit(5))."""
     stem, _, kind = unit.rpartition(".")
     names = [unit, *([unit.replace("@.", "@*.")] if "@." in unit else [])]
     parts = stem.split("-")
     names += [f"{'-'.join(parts[:i])}-.{kind}" for i in range(len(parts) - 1, 0, -1)]
-    return [f"{root}/{name}.d" for root in DROPIN_ROOTS for name in names]
+    return [f"{name}.d" for name in names]
+
+
+def dropin_dirs(unit: str) -> list[str]:
+    """The admin-writable drop-in directories (shell globs) that apply to `unit`."""
+    return [f"{root}/{name}" for root in DROPIN_ROOTS for name in dropin_dir_names(unit)]
 
 
 class ForeignDropins(FactBase[list[str]]):

@@ -16,6 +16,7 @@ import pytest
 
 from ironserve.validators import CAPABILITY_BITS
 from roles import StackConfig
+from roles.security.facts import dropin_dir_names
 from roles.security.seccomp import (
     DROPIN_NAME,
     dropin_properties,
@@ -90,18 +91,6 @@ def _skip_unless_managed(config: StackConfig, unit: str) -> None:
 def _shown_name(unit: str) -> str:
     """The unit systemctl shows for `unit`: an instance stands for a template (it loads the template's drop-ins)."""
     return unit.replace("@.", "@ironserve-probe.", 1)
-
-
-def _dropin_dir_names(unit: str) -> list[str]:
-    """The drop-in directory names systemd reads for `unit`: its own, the template's, each dash prefix's (the
-    type-wide one, `service.d`, is a site's policy for every unit: its effect is checked in force below)."""
-    stem, _, kind = unit.rpartition(".")
-    names = [f"{unit}.d"]
-    if "@" in stem and not stem.endswith("@"):
-        names.append(f"{stem.split('@')[0]}@.{kind}.d")
-    parts = stem.split("-")
-    names += [f"{'-'.join(parts[:i])}-.{kind}.d" for i in range(len(parts) - 1, 0, -1)]
-    return names
 
 
 def _slice_properties(text: str) -> list[tuple[str, str]]:
@@ -334,8 +323,8 @@ def test_no_foreign_drop_in_overrides_a_managed_unit(
     _skip_unless_managed(config, managed_unit)
     unit_paths = host.run("systemd-analyze unit-paths").stdout.split()
     assert unit_paths, "systemd-analyze unit-paths listed no unit directory"
-    dirs = [f"{root}/{name}" for root in unit_paths for name in _dropin_dir_names(managed_unit)]
-    globs = [f"{shlex.quote(directory)}/*.conf" for directory in dirs]
+    # Globs left unquoted: the unit paths are systemd's and the unit names validated (no blank, no quote).
+    globs = [f"{root}/{name}/*.conf" for root in unit_paths for name in dropin_dir_names(managed_unit)]
     on_disk = host.run(f'for f in {" ".join(globs)}; do {{ [ -e "$f" ] || [ -L "$f" ]; }} && echo "$f"; done; true')
     shown = host.run(f"systemctl show {shlex.quote(_shown_name(managed_unit))} -p DropInPaths --value")
     dropins = sorted(set(on_disk.stdout.split()) | set(shown.stdout.split()))

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +21,7 @@ from ironserve.lab.state import LabHost
 from tests.lab.conftest_vm import vm_host
 from tests.lab.machine_snapshot import differences, snapshot
 
-__all__ = ["container_hosts", "vm_host"]
+__all__ = ["container_hosts", "inventory_with", "vm_host"]
 
 CONTAINER_HOSTS = 2
 CONTAINER_TOOLS = ["debootstrap", "unshare", "nsenter", "ip", "nft", "ssh", "ssh-keygen"]
@@ -42,6 +44,21 @@ def skip_without_container_lab() -> None:
         if os.environ.get("IRONSERVE_REQUIRE_LAB") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
+
+
+def inventory_with(folder: Path, host: LabHost, keys: dict[str, object]) -> Path:
+    """The lab inventory of the container `host` alone with `keys` on top, as a site's inventory sets them."""
+    path = folder / "site_with_keys.py"
+    path.write_text(
+        textwrap.dedent(f"""
+        from ironserve.inventory import site
+        from ironserve.lab.inventory import lab_groups
+
+        _containers, _ = lab_groups()
+        lab_containers = site([(n, {{**d, **{keys!r}}}) for n, d in _containers if n == {host.name!r}])
+        """)
+    )
+    return path
 
 
 @contextmanager

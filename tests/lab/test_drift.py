@@ -19,7 +19,6 @@ import re
 import shlex
 import ssl
 import subprocess
-import textwrap
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from ironserve.paths import lab_dir
 from roles import stack_config
 from roles.nvidia import KEYRING, NOUVEAU_BLACKLIST, PREFERENCES, SOURCES_LIST, UNATTENDED_BLACKLIST
 from roles.security.seccomp import DROPIN_NAME
-from tests.lab.conftest import lab_containers
+from tests.lab.conftest import inventory_with, lab_containers
 from tests.lab.ssh import ssh_run
 
 pytestmark = pytest.mark.lab
@@ -441,21 +440,6 @@ def test_no_deploy_printed_a_traceback(hosts: list[LabHost]) -> None:
             assert "Traceback" not in run.output, run.output[-8000:]
 
 
-def _inventory_with(folder: Path, host: LabHost, keys: dict[str, object]) -> Path:
-    """The lab inventory of `host` alone, with `keys` set on top (a site turning a setting on)."""
-    path = folder / "site_with_keys.py"
-    path.write_text(
-        textwrap.dedent(f"""
-        from ironserve.inventory import site
-        from ironserve.lab.inventory import lab_groups
-
-        _containers, _ = lab_groups()
-        lab_containers = site([(n, {{**d, **{keys!r}}}) for n, d in _containers if n == {host.name!r}])
-        """)
-    )
-    return path
-
-
 def test_an_immutable_file_stops_only_its_host_naming_the_setting_then_the_setting_restores_it(
     hosts: list[LabHost], tmp_path: Path
 ) -> None:
@@ -470,7 +454,7 @@ def test_an_immutable_file_stops_only_its_host_naming_the_setting_then_the_setti
         # The other host went on: its drift is restored and the results table came out.
         assert "Grand total" in refused.output, refused.output[-8000:]
         assert remote.run(other, f"cat {NOUVEAU_BLACKLIST}").startswith("# Managed by ironserve")
-        inventory = _inventory_with(tmp_path, frozen, {CLEAR_IMMUTABLE_KEY: True})
+        inventory = inventory_with(tmp_path, frozen, {CLEAR_IMMUTABLE_KEY: True})
         allowed = deploy([frozen], str(inventory), roles=HOST_ROLES)
         assert allowed.returncode == 0, allowed.output[-8000:]
         assert "net.core.wmem_max = 26214400" in remote.run(frozen, f"cat {SYSCTLS}")
@@ -536,7 +520,7 @@ def test_a_bios_setting_changed_in_the_idrac_is_named_then_restored_by_apply(
     checked = deploy([host], roles=HOST_ROLES)
     assert checked.returncode != 0
     assert "MmioAbove4Gb" in checked.output and "bios_mode: apply" in checked.output, checked.output[-8000:]
-    apply = _inventory_with(tmp_path, host, {"bios_mode": "apply", "bios_reboot_policy": "auto"})
+    apply = inventory_with(tmp_path, host, {"bios_mode": "apply", "bios_reboot_policy": "auto"})
     applied = deploy([host], str(apply), roles=HOST_ROLES)
     assert applied.returncode == 0, applied.output[-8000:]
     assert "<unassigned>" not in remote.run(host, "lspci -vvv -D -d 10de:")

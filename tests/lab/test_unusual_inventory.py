@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from ironserve.lab import remote
 from ironserve.lab.deploying import deploy
 from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
-from tests.lab.conftest import lab_containers
+from tests.lab.conftest import inventory_with, lab_containers
 
 pytestmark = pytest.mark.lab
 ROLES = ("security", "host_tuning", "container_runtime")
@@ -45,24 +44,10 @@ UNUSUAL = {
 }
 
 
-def _inventory(folder: Path, host: LabHost) -> Path:
-    path = folder / "unusual.py"
-    path.write_text(
-        textwrap.dedent(f"""
-        from ironserve.inventory import site
-        from ironserve.lab.inventory import lab_groups
-
-        _containers, _ = lab_groups()
-        lab_containers = site([(n, {{**d, **{UNUSUAL!r}}}) for n, d in _containers if n == {host.name!r}])
-        """)
-    )
-    return path
-
-
 @pytest.fixture(scope="module")
 def converged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHost, Path]]:
     with lab_containers(1) as hosts:
-        inventory = _inventory(tmp_path_factory.mktemp("unusual"), hosts[0])
+        inventory = inventory_with(tmp_path_factory.mktemp("unusual"), hosts[0], UNUSUAL)
         first = deploy(hosts, str(inventory), roles=ROLES)
         assert first.returncode == 0, first.output[-6000:]
         assert first.changed > 0
