@@ -6,17 +6,25 @@ reboot once if any role needs it (ironserve_reboot_policy).
 An inventory built with `ironserve.inventory.site()` was validated, every host, when pyinfra loaded it,
 before any connection; `config_for` checks this host again before any operation is queued (the only
 check for an inventory built without site()), so an invalid inventory changes no host.
+Facts: pyinfra reads one per command; ironserve.reads fetches those the operations declare together.
 `ironserve_roles` (or `ironserve deploy --roles a,b`) narrows a run to some roles; default all.
 """
 
-from pyinfra.context import host
+from pyinfra.context import host, state
 
-from ironserve.deploying import config_for
+from ironserve import reads
+from ironserve.deploying import config_for, known_to_inspect
+from ironserve.facts import ContainerKind, OsDistro
+from ironserve.reads import Read
 from ironserve.reboot import reboot_for_needs
 from ironserve.run import HostRun
 from roles import REGISTRY
 
 config = config_for(host, REGISTRY)
+known_to_inspect(__file__)
+reads.install(state)  # the facts operations declare are read in one round trip per host
+# Read while the roles are queued (which packages, whether this is a container): with the first facts fetched.
+reads.plan([Read(OsDistro), Read(ContainerKind)])
 run = HostRun(host.name)
 # host.loop: pyinfra names an operation by the line numbers of its call stack, which roles share through the
 # one call below; the role's position in the registry keeps two roles' operations apart on every host.

@@ -1,47 +1,109 @@
-"""Print how long convergence takes on lab container hosts: lab up (boot-to-SSH), first deploy, no-op re-run.
+"""Print how long convergence takes on lab container hosts, and the SSH round trips behind it, per role.
 
-The deploy runs every role below the inference service (HOST_ROLES); the service's own deploy is
-measured by tests/lab/test_inference_deploy.py (it prints its first-deploy time).
+For each fleet size: lab up (boot-to-SSH), the first deploy, then `--runs` no-op re-runs (median, min, max),
+each through benchmarks/counted_deploy.py (the real `ironserve deploy`, every SSH command counted and timed by
+the role whose operation ran it, "prepare" while operations are queued), plus the wrapper's own imports and
+validation. The deploy runs every role below the inference service (HOST_ROLES); the service's own deploy is
+measured by tests/lab/test_inference_deploy.py.
 
-Usage: python benchmarks/converge.py [--sizes 1 4]
-Starts and stops its own lab hosts (others keep running). Figures only; no assertions.
+Usage: python benchmarks/converge.py [--sizes 1 4 16] [--runs 5]
+Starts and stops its own lab hosts (others keep running); 16 container hosts need about 20 MiB each. The lab
+hosts share this machine's cores with the controller: a fleet's figures here include that contention.
+Figures only; no assertions.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from ironserve.lab import manager
-from ironserve.lab.deploying import HOST_ROLES, deploy
+from ironserve.lab.deploying import ANSI, GRAND_TOTAL, HOST_ROLES
 from ironserve.lab.hardware import DEFAULT_PROFILE
+from ironserve.lab.state import LabHost
+from ironserve.paths import REPO_ROOT
+
+COUNTED = Path(__file__).with_name("counted_deploy.py")
 
 
-def measure(size: int) -> str:
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    changed: int
+    figures: dict[str, Any]
+
+
+def counted_deploy(hosts: list[LabHost]) -> Run:
+    limits = [arg for host in hosts for arg in ("--limit", host.name)]
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, str(COUNTED), report.name, *limits, "--roles", ",".join(HOST_ROLES), "inventory/lab.py"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        seconds = time.monotonic() - started
+        output = ANSI.sub("", result.stdout + result.stderr)
+        match = GRAND_TOTAL.search(output)
+        if result.returncode or not match:
+            raise SystemExit(output)
+        changed = 0 if match.group(2) == "-" else int(match.group(2))
+        return Run(seconds, changed, json.loads(Path(report.name).read_text()))
+
+
+def role_table(title: str, run: Run, hosts: int) -> str:
+    commands = run.figures["commands"]
+    lines = [f"  {title}: SSH commands per host by role (count, seconds)"]
+    for role, entry in sorted(commands.items(), key=lambda item: -item[1]["seconds"]):
+        lines.append(f"    {role:<28} {entry['count'] / hosts:>7.1f} {entry['seconds'] / hosts:>8.2f}")
+    total = sum(e["count"] for e in commands.values()) / hosts
+    seconds = sum(e["seconds"] for e in commands.values()) / hosts
+    lines.append(f"    {'total':<28} {total:>7.1f} {seconds:>8.2f}")
+    lines.append(
+        f"    wrapper: imports {run.figures['imports_s']:.2f} s, validation {run.figures['validation_s']:.2f} s"
+    )
+    return "\n".join(lines)
+
+
+def measure(size: int, runs: int) -> str:
     started = time.monotonic()
     hosts = manager.up(size, use_vm=False, hardware_profile=DEFAULT_PROFILE)
     lab_up = time.monotonic() - started
     try:
-        started = time.monotonic()
-        first = deploy(hosts, roles=HOST_ROLES)
-        first_s = time.monotonic() - started
-        started = time.monotonic()
-        again = deploy(hosts, roles=HOST_ROLES)
-        again_s = time.monotonic() - started
-        if first.returncode or again.returncode:
-            raise SystemExit(first.output + again.output)
-        return f"{size:>5} {lab_up:>10.1f} {first_s:>15.1f} {again_s:>15.1f} {again.changed:>15}"
+        first = counted_deploy(hosts)
+        again = [counted_deploy(hosts) for _ in range(runs)]
+        noop = [run.seconds for run in again]
+        head = (
+            f"{size:>5} {lab_up:>9.1f} {first.seconds:>15.1f} {statistics.median(noop):>11.2f} "
+            f"{min(noop):>6.2f} {max(noop):>6.2f} {sum(run.changed for run in again):>13}"
+        )
+        median_run = sorted(again, key=lambda run: run.seconds)[len(again) // 2]
+        return "\n".join(
+            [head, role_table("first deploy", first, size), role_table("no-op (median)", median_run, size)]
+        )
     finally:
         manager.down({h.name for h in hosts})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4])
-    sizes = parser.parse_args().sizes
-    print(f"{'hosts':>5} {'lab up s':>10} {'first deploy s':>15} {'no-op re-run s':>15} {'re-run changes':>15}")
-    for size in sizes:
-        print(measure(size), flush=True)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--runs", type=int, default=5, help="no-op re-runs per size (their median is printed)")
+    options = parser.parse_args()
+    columns = ("hosts", 5), ("lab up s", 9), ("first deploy s", 15), ("no-op med s", 11), ("min", 6), ("max", 6)
+    print(" ".join(f"{name:>{width}}" for name, width in columns), f"{'no-op changes':>13}")
+    for size in options.sizes:
+        print(measure(size, options.runs), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pyinfra.context import host, state
 
 from ironserve.facts import AptCandidates, AptPackageFiles, DpkgHealth, DpkgPackages
 from ironserve.operations import Commands, failing, report
+from ironserve.reads import Read, read, reading_operation
 
 # Seconds to wait for dpkg's lock when another apt holds it (an apt left running by a dropped SSH session,
 # unattended-upgrades): apt waits itself with DPkg::Lock::Timeout and says who holds the lock (apt.conf(5)).
@@ -50,12 +51,14 @@ def unattended_blacklist(names: list[str], owner: str) -> str:
     return head + "Unattended-Upgrade::Package-Blacklist {\n" + entries + "};\n"
 
 
-@operation()
+@reading_operation(
+    reads=lambda pins, **_: [Read(DpkgPackages, {"patterns": tuple(pins)}), Read(DpkgHealth, {"packages": tuple(pins)})]
+)
 def pinned_install(pins: dict[str, str], recommends: bool = True) -> Commands:
     """Install exactly `pins` (package -> version), downgrading or replacing held packages when they drifted."""
-    installed = host.get_fact(DpkgPackages, patterns=tuple(pins))
+    installed = read(DpkgPackages, patterns=tuple(pins))
     wrong = {n: v for n, v in pins.items() if n not in installed or installed[n].version != v}
-    health = host.get_fact(DpkgHealth, packages=tuple(n for n in pins if n not in wrong))
+    health = read(DpkgHealth, packages=tuple(n for n in pins if n not in wrong))
     if not wrong and not health.damaged and not health.interrupted:
         host.noop("installed at their pinned versions, every file in place: " + ", ".join(pins))
         return
@@ -76,7 +79,7 @@ def pinned_install(pins: dict[str, str], recommends: bool = True) -> Commands:
         yield f"{APT_GET} --allow-change-held-packages --reinstall install {again}"
 
 
-@operation()
+@reading_operation(reads=lambda pins, **_: [Read(AptCandidates, {"packages": tuple(pins)})])
 def pins_in_force(pins: dict[str, str], own_file: str, priority_key: str | None = None) -> Commands:
     """Stop this host when apt would not install the pinned versions although they are pinned: another
     preferences entry outranks `own_file` (a site's pin of a newer driver). Overriding it would undo an admin's
@@ -85,7 +88,7 @@ def pins_in_force(pins: dict[str, str], own_file: str, priority_key: str | None 
     if not state.is_executing:
         host.noop(f"apt's candidates checked against {own_file} when the deploy runs")
         return
-    candidates = host.get_fact(AptCandidates, packages=tuple(pins))
+    candidates = read(AptCandidates, packages=tuple(pins))
     outranked = {n: candidates[n] for n, v in pins.items() if candidates.get(n) not in {v, None, "(none)"}}
     if not outranked:
         host.noop(f"apt's candidates are the pinned versions ({own_file} in force)")
@@ -111,19 +114,19 @@ def same_repository(url: str) -> str:
     return url.rstrip("/")
 
 
-@operation()
+@reading_operation(reads=lambda **_: [Read(AptPackageFiles)])
 def repository_fetched(url: str) -> Commands:
     """apt-get update when apt has no index of the repository at `url` (its source restored, its lists cleaned)."""
-    if same_repository(url) in {same_repository(fetched) for fetched in host.get_fact(AptPackageFiles)}:
+    if same_repository(url) in {same_repository(fetched) for fetched in read(AptPackageFiles)}:
         host.noop(f"apt has fetched {url}")
         return
     yield APT_UPDATE
 
 
-@operation()
+@reading_operation(reads=lambda packages, **_: [Read(DpkgPackages, {"patterns": tuple(packages)})])
 def installed(packages: list[str], recommends: bool = True) -> Commands:
     """Install the packages dpkg lacks (any version), updating apt's lists first."""
-    have = host.get_fact(DpkgPackages, patterns=tuple(packages))
+    have = read(DpkgPackages, patterns=tuple(packages))
     missing = [name for name in packages if name not in have]
     if not missing:
         host.noop("installed: " + ", ".join(packages))
@@ -133,10 +136,10 @@ def installed(packages: list[str], recommends: bool = True) -> Commands:
     yield f"{APT_GET}{options} install " + " ".join(shlex.quote(name) for name in missing)
 
 
-@operation()
+@reading_operation(reads=lambda names, **_: [Read(DpkgPackages, {"patterns": tuple(names)})])
 def held(names: list[str]) -> Commands:
     """`apt-mark hold` every installed package of `names` that is not held."""
-    installed = host.get_fact(DpkgPackages, patterns=tuple(names))
+    installed = read(DpkgPackages, patterns=tuple(names))
     loose = [n for n in names if n in installed and not installed[n].held]
     if not loose:
         host.noop("held: " + ", ".join(names))

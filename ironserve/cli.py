@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -97,25 +98,25 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     override = {"ironserve_roles": args.roles} if args.roles else {}
     _validated(args.inventory, override)
     deploy = deploy_file(args.deploy_file)
-    # pyinfra from this interpreter's environment, whether or not that environment is on PATH; -P: with
-    # the installed ironserve and roles, never same-named folders of the current directory. It runs in
-    # the current directory (its group_data/ was just validated); site() resolves the inventory's relative
-    # paths against the inventory file's folder, and validates again as pyinfra loads the file.
+    # pyinfra's command line in this process (no second interpreter start, nothing imported twice), as
+    # `python -P -m pyinfra` would run it: with the installed ironserve and roles, never same-named folders of the
+    # current directory. It runs in the current directory (its group_data/ was just validated); site() resolves
+    # the inventory's relative paths against the inventory file's folder, and validates again as pyinfra loads it.
     limits = [arg for name in args.limit or [] for arg in ("--limit", name)]
     data = [arg for key, value in override.items() for arg in ("--data", f"{key}={value}")]
-    argv = [
-        sys.executable,
-        "-P",
-        "-m",
-        "pyinfra",
-        "-y",
-        *limits,
-        *data,
-        *args.pyinfra_args,
-        args.inventory,
-        deploy,
-    ]
-    return subprocess.call(argv)
+    here = os.getcwd()
+    sys.path[:] = [entry for entry in sys.path if entry and os.path.abspath(entry) != here]
+    sys.argv = ["pyinfra", "-y", *limits, *data, *args.pyinfra_args, args.inventory, deploy]
+    from pyinfra_cli.main import main as pyinfra_main
+
+    # What is loaded now (pyinfra, the roles' models, the validated inventory) lives until exit: no garbage
+    # collection during the run, or at exit, needs to walk it again (gc.freeze, Python's gc docs).
+    gc.freeze()
+    try:
+        pyinfra_main()
+    except SystemExit as exited:
+        return exited.code if isinstance(exited.code, int) else 1
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

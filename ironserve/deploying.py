@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import types
 from typing import Any
 
 from pyinfra.api.exceptions import DeployError
@@ -33,3 +36,14 @@ def config_for(pyinfra_host: Any, registry: Registry[Any]) -> Any:
             "before pyinfra connects)"
         )
         raise DeployError(f"invalid inventory, nothing was changed:\n{exc}{hint}") from None
+
+
+def known_to_inspect(path: str) -> None:
+    """Name the deploy file, which pyinfra executes rather than imports, as a module for `inspect`. pyinfra's
+    command line orders each operation by `inspect.stack()`, and for every frame of a file that no loaded module
+    names, inspect scans all loaded modules again: 0.6 s of a 76-operation run, for deploy.py's frames alone."""
+    name = "ironserve_deploy_file"
+    if name not in sys.modules:
+        module = types.ModuleType(name)
+        module.__file__ = os.path.abspath(path)
+        sys.modules[name] = module

@@ -7,10 +7,14 @@ from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
-from pyinfra.api.operation import operation
 from pyinfra.context import host, state
+from pyinfra.facts.files import FindInFile
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+from pyinfra.operations import files, systemd
+from pyinfra.operations.util.files import adjust_regex
 
 from ironserve.facts import ContainerKind, StaleUnits, SysctlState, UnitsNeedingReload
+from ironserve.reads import Read, read, reading_operation
 
 # What an operation function returns: the commands it yields (strings, StringCommand, FunctionCommand, or
 # another operation's `_inner`).
@@ -30,16 +34,16 @@ def failing(message: str) -> StringCommand:
     return StringCommand("echo", QuoteString(message), ">&2;", "exit", "1")
 
 
-@operation()
+@reading_operation(reads=lambda key, **_: [Read(SysctlState, {"keys": (key,)}), Read(ContainerKind)])
 def live_sysctl(key: str, value: str) -> Commands:
     """Set one sysctl in the running kernel when it differs.
 
     In a container a kernel-global key is read-only (and a module's key may be absent): it is persisted
     by the caller and applied at the next boot of the machine, so it is reported instead of failing.
     """
-    entry = host.get_fact(SysctlState, keys=(key,))[key]
+    entry = read(SysctlState, keys=(key,))[key]
     shown = value.replace("\t", " ")
-    container = host.get_fact(ContainerKind)
+    container = read(ContainerKind)
     if entry.value == value:
         host.noop(f"sysctl {key} is {shown}")
     elif entry.value is None and container:
@@ -53,12 +57,12 @@ def live_sysctl(key: str, value: str) -> Commands:
         yield StringCommand("sysctl", "-w", QuoteString(f"{key}={shown}"))
 
 
-@operation()
+@reading_operation(reads=lambda unit, inputs, **_: [Read(StaleUnits, {"inputs": {unit: inputs}})])
 def restarted_when_stale(unit: str, inputs: list[str], check: str | None = None) -> Commands:
     """Restart a running unit that started before one of its inputs changed (unit file, configuration).
     Read from the host's state, not a handler: a run that failed between the write and the restart is
     completed by the next. `check` (e.g. promtool) runs first and stops the restart when it fails."""
-    if unit not in host.get_fact(StaleUnits, inputs={unit: inputs}):
+    if unit not in read(StaleUnits, inputs={unit: inputs}):
         host.noop(f"{unit} started after its inputs last changed")
         return
     if check:
@@ -66,10 +70,40 @@ def restarted_when_stale(unit: str, inputs: list[str], check: str | None = None)
     yield StringCommand("systemctl", "restart", unit)
 
 
-@operation()
+@reading_operation(reads=lambda units, **_: [Read(UnitsNeedingReload, {"units": units})])
 def daemon_reloaded(units: list[str]) -> Commands:
     """systemctl daemon-reload when systemd holds an older copy of any of these unit files."""
-    if not host.get_fact(UnitsNeedingReload, units=units):
+    if not read(UnitsNeedingReload, units=units):
         host.noop("systemd has loaded the current unit files")
         return
     yield "systemctl daemon-reload"
+
+
+def _unit_reads(unit: str, **_: Any) -> list[Read]:
+    return [Read(SystemdStatus, {"services": [unit]}), Read(SystemdEnabled, {"services": [unit]})]
+
+
+@reading_operation(reads=_unit_reads)
+def service_state(unit: str, running: bool | None = True, enabled: bool | None = True) -> Commands:
+    """pyinfra's systemd.service for a unit's running and enabled state (None: either), run only when the unit
+    differs: its state is read with the host's other facts, and pyinfra's operation reads it again itself."""
+    is_running = bool(read(SystemdStatus, services=[unit]).get(unit))
+    is_enabled = bool(read(SystemdEnabled, services=[unit]).get(unit))
+    if running in (None, is_running) and enabled in (None, is_enabled):
+        host.noop(f"{unit}: {'running' if is_running else 'stopped'}, {'enabled' if is_enabled else 'disabled'}")
+        return
+    yield from systemd.service._inner(service=unit, running=running, enabled=enabled)
+
+
+def _line_reads(path: str, match: str, **_: Any) -> list[Read]:
+    return [Read(FindInFile, {"path": path, "pattern": adjust_regex(match, False)})]
+
+
+@reading_operation(reads=_line_reads)
+def line_replaced(path: str, match: str, line: str) -> Commands:
+    """The lines of `path` matching the regex `match` are exactly `line` (appended where none matches): pyinfra's
+    files.line, run only when the file differs."""
+    if read(FindInFile, path=path, pattern=adjust_regex(match, False)) == [line]:
+        host.noop(f"{path}: {line}")
+        return
+    yield from files.line._inner(path=path, line=match, replace=line)

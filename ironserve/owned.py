@@ -20,11 +20,12 @@ from typing import Any
 
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
-from pyinfra.api.operation import operation
 from pyinfra.api.util import get_template
 from pyinfra.context import host
+from pyinfra.operations import files
 
 from ironserve.operations import Commands, failing, report
+from ironserve.reads import Read, read, reading_operation
 
 BACKUP_DIR = "/var/backups/ironserve"
 CLEAR_IMMUTABLE_KEY = "ironserve_clear_immutable"
@@ -128,7 +129,7 @@ def _ownership(path: str, shape: PathShape, mode: str, user: str, group: str, fr
         yield StringCommand("chmod", mode, QuoteString(path))
 
 
-@operation()
+@reading_operation(reads=lambda path, **_: [Read(OwnedPath, {"path": path})])
 def owned_file(
     path: str,
     content: str | bytes,
@@ -139,7 +140,7 @@ def owned_file(
 ) -> Commands:
     """`path` is a regular file with exactly `content`, `mode` and owner, whatever was there before."""
     data = content.encode() if isinstance(content, str) else content
-    shape = host.get_fact(OwnedPath, path=path)
+    shape = read(OwnedPath, path=path)
     wrong_shape = shape.kind not in {"file", "absent"}
     rewrite = wrong_shape or shape.sha256 != hashlib.sha256(data).hexdigest()
     reown = (shape.user, shape.group, shape.mode) != (user, group, mode.lstrip("0"))
@@ -159,10 +160,10 @@ def owned_file(
         yield from _refrozen(path, shape)
 
 
-@operation()
+@reading_operation(reads=lambda path, **_: [Read(OwnedPath, {"path": path})])
 def owned_link(path: str, target: str, clear_immutable: bool = False) -> Commands:
     """`path` is a symbolic link to `target`; a directory or file in its place is moved aside."""
-    shape = host.get_fact(OwnedPath, path=path)
+    shape = read(OwnedPath, path=path)
     if shape.kind == "link" and shape.target == target:
         host.noop(f"{path} -> {target}")
         return
@@ -177,12 +178,12 @@ def owned_link(path: str, target: str, clear_immutable: bool = False) -> Command
     yield StringCommand("ln", "-sfnT", QuoteString(target), QuoteString(path))
 
 
-@operation()
+@reading_operation(reads=lambda path, **_: [Read(OwnedPath, {"path": path})])
 def owned_directory(
     path: str, mode: str = "755", user: str = "root", group: str = "root", clear_immutable: bool = False
 ) -> Commands:
     """`path` is a directory with `mode` and owner; a file or link in its place is moved aside."""
-    shape = host.get_fact(OwnedPath, path=path)
+    shape = read(OwnedPath, path=path)
     if shape.kind == "directory" and (shape.user, shape.group, shape.mode) == (user, group, mode.lstrip("0")):
         host.noop(f"{path}: directory {mode} {user}:{group}")
         return
@@ -198,11 +199,11 @@ def owned_directory(
         yield from _refrozen(path, shape)
 
 
-@operation()
+@reading_operation(reads=lambda path, **_: [Read(OwnedPath, {"path": path})])
 def owned_absent(path: str, clear_immutable: bool = False) -> Commands:
     """Nothing at `path` (a file ironserve no longer writes there), whatever its shape; a directory is kept
     in BACKUP_DIR rather than deleted."""
-    shape = host.get_fact(OwnedPath, path=path)
+    shape = read(OwnedPath, path=path)
     if shape.absent:
         host.noop(f"{path}: absent")
         return
@@ -224,12 +225,23 @@ class UnitLoadState(FactBase[str]):
         return " ".join(output).strip()
 
 
-@operation()
+@reading_operation(reads=lambda unit, **_: [Read(UnitLoadState, {"unit": unit})])
 def unmasked(unit: str) -> Commands:
     """`systemctl unmask` a unit an admin or a cleanup masked (a link to /dev/null), so it can be enabled and
     its files written."""
-    if host.get_fact(UnitLoadState, unit=unit) != "masked":
+    if read(UnitLoadState, unit=unit) != "masked":
         host.noop(f"{unit} is not masked")
         return
     report(f"{unit} was masked: unmasking it")
     yield StringCommand("systemctl", "unmask", QuoteString(unit))
+
+
+@reading_operation(reads=lambda dest, **_: [Read(OwnedPath, {"path": dest})])
+def downloaded(src: str, dest: str, sha256: str) -> Commands:
+    """`dest` is a regular file with SHA-256 `sha256`: pyinfra's files.download (which checks the sum), run only
+    when the file differs."""
+    shape = read(OwnedPath, path=dest)
+    if shape.kind == "file" and shape.sha256 == sha256.lower():
+        host.noop(f"{dest}: SHA-256 {sha256}")
+        return
+    yield from files.download._inner(src=src, dest=dest, sha256sum=sha256)

@@ -19,13 +19,13 @@ from typing import Any, Literal
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
-from pyinfra.api.operation import operation
 from pyinfra.api.state import State
 from pyinfra.context import host, state
 from pyinfra.operations import files, server
 
 from ironserve.facts import ContainerKind
 from ironserve.operations import Commands
+from ironserve.reads import Read, read, reading_operation
 
 RebootPolicy = Literal["auto", "defer", "never"]
 REBOOT_MARKER = "/run/reboot-required"  # the file Debian and Ubuntu tools check (update-notifier's convention)
@@ -41,6 +41,7 @@ class RebootCheck:
     needed: Callable[[], str | None]
     # Called with the pyinfra host after the reboot; raises OperationError when the change did not take effect.
     took_effect: Callable[[Any], None]
+    reads: tuple[Read, ...] = ()  # the facts `needed` reads, fetched with the host's others
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def reasons_text(needs: tuple[RebootNeed, ...]) -> str:
     return "".join(f"{need.role}: {need.reason}\n" for need in needs)
 
 
-@operation()
+@reading_operation(reads=lambda checks, **_: [Read(ContainerKind), *(r for check in checks for r in check.reads)])
 def reboot_for_needs(checks: tuple[RebootCheck, ...], policy: RebootPolicy, timeout_s: int) -> Commands:
     """Reboot once for every role that needs it (auto), leave the markers (defer) or report (never)."""
     needs = tuple(
@@ -77,7 +78,7 @@ def reboot_for_needs(checks: tuple[RebootCheck, ...], policy: RebootPolicy, time
     if policy == "never":
         host.noop(f"reboot needed ({shown}), but ironserve_reboot_policy is never")
         return
-    container = host.get_fact(ContainerKind)
+    container = read(ContainerKind)
     if policy == "defer" or container:
         where = f"container host ({container}): the machine that runs it reboots, not the deploy\n" if container else ""
         yield from files.put._inner(src=StringIO("*** System restart required ***\n"), dest=REBOOT_MARKER)

@@ -25,11 +25,11 @@ from typing import Any
 
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
-from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import File, Sha256File
 
 from ironserve.paths import REPO_ROOT
+from ironserve.reads import Read, read, reading_operation
 
 MASK = "***"
 # A key whose whole value is a secret (or names where one is).
@@ -219,7 +219,7 @@ Commands = Generator[Any, None, None]
 PRIVILEGE_ARGUMENTS = ("_sudo", "_su_user", "_doas", "_dzdo")
 
 
-@operation()
+@reading_operation(reads=lambda dest, **_: [Read(File, {"path": dest}), Read(Sha256File, {"path": dest})])
 def secret_upload(src: str, dest: str) -> Commands:
     """Install the private file `src` (this machine) as `dest`, root:root 0600, only when it differs.
 
@@ -236,8 +236,8 @@ def secret_upload(src: str, dest: str) -> Commands:
             "temporary file; connect as root (ssh_user: root)"
         )
     digest = hashlib.sha256(Path(src).read_bytes()).hexdigest()
-    remote = host.get_fact(File, path=dest)
-    if remote and host.get_fact(Sha256File, path=dest) == digest:
+    remote = read(File, path=dest)
+    if remote and read(Sha256File, path=dest) == digest:
         if remote["mode"] == 600 and remote["user"] == "root" and remote["group"] == "root":
             host.noop(f"{dest} holds the secret, root:root 0600 (content not shown)")
             return

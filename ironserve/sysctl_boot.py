@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pyinfra.api.facts import FactBase
-from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from ironserve.operations import Commands, failing
+from ironserve.reads import Read, read, reading_operation
 
 # sysctl.d(5)'s directories, highest precedence first: a file name found in an earlier one masks the later ones.
 SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")
@@ -221,7 +221,7 @@ def comment_out_command(file: str, lines: list[str], own_file: str) -> str:
     )
 
 
-@operation()
+@reading_operation(reads=lambda **_: [Read(SysctlBootOrder)])
 def boot_sysctls_win(own_file: str, sysctls: dict[str, str]) -> Commands:
     """Make `own_file`'s sysctls the ones in force at boot: comment out each assignment of a later sysctl.d
     file (sysctl.d(5)'s order) that sets one of them to another value.
@@ -230,7 +230,7 @@ def boot_sysctls_win(own_file: str, sysctls: dict[str, str]) -> Commands:
     file (/usr/lib, /lib, /usr/local/lib) is masked by a copy in /etc/sysctl.d with the line commented out,
     which then no longer follows the package's updates of that file.
     """
-    assignments = host.get_fact(SysctlBootOrder)
+    assignments = read(SysctlBootOrder)
     overrides = boot_overrides(assignments, own_file, sysctls)
     if not overrides:
         seen = "" if assignments else " (no sysctl.d configuration read: is systemd-analyze there?)"

@@ -36,11 +36,16 @@ def _limits(hosts: list[LabHost]) -> list[str]:
     return [arg for host in hosts for arg in ("--limit", host.name)]
 
 
-def deploy(hosts: list[LabHost], inventory: str = "inventory/lab.py", roles: tuple[str, ...] = ()) -> DeployResult:
+def deploy(
+    hosts: list[LabHost],
+    inventory: str = "inventory/lab.py",
+    roles: tuple[str, ...] = (),
+    pyinfra_args: tuple[str, ...] = (),
+) -> DeployResult:
     """`ironserve deploy` of `inventory` to `hosts` only; `roles` narrows the run (default all roles)."""
     only = ["--roles", ",".join(roles)] if roles else []
     result = subprocess.run(
-        [sys.executable, "-m", "ironserve", "deploy", *_limits(hosts), *only, inventory],
+        [sys.executable, "-m", "ironserve", "deploy", *_limits(hosts), *only, inventory, *pyinfra_args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
-from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import systemd
 
 from ironserve.apt import held, pinned_install, pins_in_force, preferences
 from ironserve.facts import ContainerKind
-from ironserve.operations import Commands, live_sysctl
+from ironserve.operations import Commands, live_sysctl, service_state
 from ironserve.owned import backed_up, backup_path, owned_directory, owned_file, unmasked
+from ironserve.reads import Read, read, reading_operation
 from ironserve.run import HostRun
 from ironserve.sysctl_boot import boot_sysctls_win
 from roles.container_runtime.containerd import ContainerdConfigError, nvidia_cli_keeps_cgroups, render_config
@@ -45,14 +45,14 @@ no-cgroups = false
 """
 
 
-@operation()
+@reading_operation(reads=lambda names, **_: [Read(KernelModules, {"names": names}), Read(ContainerKind)])
 def kernel_modules(names: tuple[str, ...]) -> Commands:
     """Load each module the kernel lacks; in a container, report what the machine must provide."""
-    state = host.get_fact(KernelModules, names=names)
+    state = read(KernelModules, names=names)
     missing = [n for n in names if state.get(n) not in {"loaded", "builtin"}]
     if not missing:
         host.noop("kernel modules present: " + ", ".join(f"{n} ({state[n]})" for n in names))
-    elif host.get_fact(ContainerKind):
+    elif read(ContainerKind):
         host.noop(
             f"container: cannot load {', '.join(missing)} (the kernel is the machine's); "
             f"persisted in {MODULES_FILE} for a boot on metal or a VM"
@@ -62,12 +62,12 @@ def kernel_modules(names: tuple[str, ...]) -> Commands:
             yield StringCommand("modprobe", QuoteString(name))
 
 
-@operation()
+@reading_operation(reads=lambda **_: [Read(SwapState), Read(ContainerKind)])
 def swap_off() -> Commands:
     """Turn swap off now and keep it off at boot (fstab entries commented out, .swap units disabled); the
     kubelet refuses swap. In a container the active swap is the machine's, but the boot files are the host's."""
-    state = host.get_fact(SwapState)
-    container = host.get_fact(ContainerKind)
+    state = read(SwapState)
+    container = read(ContainerKind)
     live = [] if container else state["active"]
     if not live and not state["fstab"] and not state["unit"]:
         note = f" (the machine running this container has {', '.join(state['active'])})" if state["active"] else ""
@@ -82,11 +82,11 @@ def swap_off() -> Commands:
         yield StringCommand("systemctl", "disable", "--now", QuoteString(unit))
 
 
-@operation()
+@reading_operation(reads=lambda path, **_: [Read(FileContents, {"path": path})])
 def nvidia_cli_cgroups(path: str, clear_immutable: bool = False) -> Commands:
     """cri-nvidia-container-cli-cgroups: `no-cgroups = false` under [nvidia-container-cli], so the NVIDIA hook
     puts the GPU devices in the container's cgroup; the edit is checked as TOML before it is written."""
-    lines = host.get_fact(FileContents, path=path)
+    lines = read(FileContents, path=path)
     if lines is None:
         host.noop(f"{path} absent: nvidia-container-toolkit is not installed (the NVIDIA role installs it)")
         return
@@ -162,4 +162,4 @@ def container_runtime(config: StackConfig, run: HostRun) -> None:
         restarted=True,
         _if=written.did_change,
     )
-    systemd.service(name="containerd enabled and running", service="containerd.service", running=True, enabled=True)
+    service_state(name="containerd enabled and running", unit="containerd.service", running=True, enabled=True)

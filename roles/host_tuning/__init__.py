@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
-from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files
 
 from ironserve.apt import installed
 from ironserve.facts import ContainerKind
-from ironserve.operations import Commands, failing, live_sysctl
+from ironserve.operations import Commands, failing, live_sysctl, service_state
 from ironserve.owned import owned_file, render_template, unmasked
+from ironserve.reads import Read, read, reading_operation
 from ironserve.reboot import RebootCheck, read_on
 from ironserve.run import HostRun
 from ironserve.sysctl_boot import boot_sysctls_win
@@ -58,13 +58,13 @@ def grub_assignment(args: list[str], path: str = GRUB_DEFAULTS) -> str:
     return f'GRUB_CMDLINE_LINUX="{" ".join(args)}"'
 
 
-@operation()
+@reading_operation(reads=lambda **_: [Read(GrubCmdlineLinux), Read(ContainerKind)])
 def grub_kernel_args(args: tuple[str, ...]) -> Commands:
     """Make GRUB_CMDLINE_LINUX carry `args` as update-grub computes it (after the /etc/default/grub.d drop-ins)
     and in /etc/default/grub itself, and regenerate grub.cfg when a file changes."""
-    sources = host.get_fact(GrubCmdlineLinux)
+    sources = read(GrubCmdlineLinux)
     if sources is None:
-        if host.get_fact(ContainerKind):
+        if read(ContainerKind):
             host.noop("no GRUB in a container: the kernel command line belongs to the machine running it")
             return
         yield failing("/etc/default/grub is missing: ironserve supports GRUB-booted hosts")
@@ -98,9 +98,9 @@ def kernel_args_reboot(args: tuple[str, ...]) -> RebootCheck:
     """A reboot is needed while the running kernel lacks `args` (never in a container: the kernel is the machine's)."""
 
     def needed() -> str | None:
-        if host.get_fact(ContainerKind):
+        if read(ContainerKind):
             return None
-        missing = missing_kernel_args(host.get_fact(KernelCmdline), args)
+        missing = missing_kernel_args(read(KernelCmdline), args)
         return "kernel arguments not yet active: " + " ".join(missing) if missing else None
 
     def took_effect(pyinfra_host: Any) -> None:
@@ -113,7 +113,7 @@ def kernel_args_reboot(args: tuple[str, ...]) -> RebootCheck:
             if fs_type != "cgroup2fs":
                 raise OperationError(f"rebooted, but /sys/fs/cgroup is {fs_type}, not cgroup2fs")
 
-    return RebootCheck("host_tuning", needed, took_effect)
+    return RebootCheck("host_tuning", needed, took_effect, reads=(Read(ContainerKind), Read(KernelCmdline)))
 
 
 def _time_sync(settings: HostTuningSettings, clear_immutable: bool) -> None:
@@ -127,11 +127,11 @@ def _time_sync(settings: HostTuningSettings, clear_immutable: bool) -> None:
         )
     unmasked(name="systemd-timesyncd not masked", unit="systemd-timesyncd.service")
     # timesyncd refuses to run in a container (ConditionVirtualization=!container): the machine keeps its clock.
-    systemd.service(
+    service_state(
         name="Enable systemd-timesyncd",
-        service="systemd-timesyncd.service",
+        unit="systemd-timesyncd.service",
         enabled=True,
-        running=None if host.get_fact(ContainerKind) else True,
+        running=None if read(ContainerKind) else True,
     )
 
 

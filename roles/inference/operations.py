@@ -13,11 +13,11 @@ from urllib.parse import urlsplit
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.hiddenvalue import HiddenValue
-from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import Directory, File
 
 from ironserve.operations import Commands
+from ironserve.reads import Read, read, reading_operation
 from ironserve.validators import SYSTEM_DIRS, check_model_version, check_path
 from roles.inference.facts import ServingStatus, VenvPackages
 from roles.inference.render import environment_drift
@@ -41,11 +41,11 @@ def model_version_dir(models_root: str, version: str) -> str:
     return dest
 
 
-@operation()
+@reading_operation(reads=lambda venv, **_: [Read(VenvPackages, {"venv": venv})])
 def locked_environment(venv: str, python: str, lock: str, pins: dict[str, str], index_url: str) -> Commands:
     """The venv holds exactly the lock: created from the distribution's Python, installed with
     --require-hashes from the configured index, packages beside the lock removed."""
-    installed = host.get_fact(VenvPackages, venv=venv)
+    installed = read(VenvPackages, venv=venv)
     if installed is None:
         yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(venv))
         installed = {}
@@ -70,12 +70,16 @@ def locked_environment(venv: str, python: str, lock: str, pins: dict[str, str], 
         )  # fmt: skip
 
 
-@operation()
+def _package_reads(venv: str, digest: str, **_: object) -> list[Read]:
+    return [Read(VenvPackages, {"venv": venv}), Read(File, {"path": f"{venv}/.ironserve-service-{digest}"})]
+
+
+@reading_operation(reads=_package_reads)
 def service_package(venv: str, wheel: str, digest: str) -> Commands:
     """ironserve-service from the wheel built from this checkout (its dependencies are in the lock)."""
     marker = f"{venv}/.ironserve-service-{digest}"
-    installed = host.get_fact(VenvPackages, venv=venv) or {}
-    if "ironserve-service" in installed and host.get_fact(File, path=marker):
+    installed = read(VenvPackages, venv=venv) or {}
+    if "ironserve-service" in installed and read(File, path=marker):
         host.noop(f"ironserve-service {installed['ironserve-service']} from sources {digest}")
         return
     yield StringCommand(
@@ -86,24 +90,24 @@ def service_package(venv: str, wheel: str, digest: str) -> Commands:
     yield f"rm -f {shlex.quote(venv)}/.ironserve-service-* && touch {shlex.quote(marker)}"
 
 
-@operation()
+@reading_operation(reads=lambda paths, **_: [Read(Directory, {"path": p}) for p in paths])
 def runtime_dirs(config_file: str, paths: list[str]) -> Commands:
     """Create the tmpfiles.d directories now when any is missing (systemd creates them at every boot)."""
-    missing = [p for p in paths if not host.get_fact(Directory, path=p)]
+    missing = [p for p in paths if not read(Directory, path=p)]
     if not missing:
         host.noop("runtime directories exist: " + ", ".join(paths))
         return
     yield StringCommand("systemd-tmpfiles", "--create", QuoteString(config_file))
 
 
-@operation()
+@reading_operation(reads=lambda venv, config, **_: [Read(ServingStatus, {"venv": venv, "config": config})])
 def serving(venv: str, config: str, model: str, version: str) -> Commands:
     """The configured version serves, ready: else the blue/green swap brings it in (verify, start the idle
     colour, readiness, compare-and-swap in etcd, route switch, drain, stop the old colour)."""
     if not state.is_executing:
         host.noop("checked after the service is installed, while the deploy runs")
         return
-    status = host.get_fact(ServingStatus, venv=venv, config=config)
+    status = read(ServingStatus, venv=venv, config=config)
     if status and status.get("active") == version and status.get("ready"):
         host.noop(f"{model} {version} serving on {status['colour']}")
         return

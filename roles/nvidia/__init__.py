@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
-from pyinfra.context import host
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from ironserve.apt import (
@@ -35,8 +34,10 @@ from ironserve.apt import (
     unattended_blacklist,
 )
 from ironserve.facts import ContainerKind, OsDistro
-from ironserve.owned import owned_absent, owned_directory, owned_file, owned_link, unmasked
+from ironserve.operations import line_replaced, service_state
+from ironserve.owned import downloaded, owned_absent, owned_directory, owned_file, owned_link, unmasked
 from ironserve.packages import pinned_packages
+from ironserve.reads import Read, read
 from ironserve.reboot import RebootCheck, read_on
 from ironserve.run import HostRun
 from ironserve.secrets import secret_upload
@@ -128,13 +129,15 @@ def driver_reboot(driver: str) -> RebootCheck:
                 f"rebooted, but the loaded nvidia module is {loaded or 'none'}, not the driver {driver}"
             )
 
-    return RebootCheck("nvidia", lambda: driver_reboot_reason(host.get_fact(LoadedModule), driver), took_effect)
+    return RebootCheck(
+        "nvidia", lambda: driver_reboot_reason(read(LoadedModule), driver), took_effect, reads=(Read(LoadedModule),)
+    )
 
 
 @deploy("NVIDIA stack")
 def nvidia(config: StackConfig, run: HostRun) -> None:
     lock, settings = config.lock, config.nvidia
-    distro = host.get_fact(OsDistro)
+    distro = read(OsDistro)
     pins = pinned_packages(config.profile.packages, distro, without=settings.skipped_components())
     if not pins:
         known = ", ".join(sorted(config.profile.packages or {})) or "none"
@@ -241,9 +244,7 @@ def _persistenced(config: StackConfig, runfile: bool) -> None:
     systemd.daemon_reload(name="systemd reads the nvidia-persistenced unit", _if=unit.did_change)
     if config.nvidia.persistenced:
         unmasked(name="nvidia-persistenced not masked", unit="nvidia-persistenced.service")
-        systemd.service(
-            name="Enable nvidia-persistenced", service="nvidia-persistenced.service", enabled=True, running=True
-        )
+        service_state(name="Enable nvidia-persistenced", unit="nvidia-persistenced.service", enabled=True, running=True)
 
 
 def _cuda_home(cuda_home: str, clear_immutable: bool) -> None:
@@ -256,11 +257,11 @@ def _cuda_home(cuda_home: str, clear_immutable: bool) -> None:
         ),
         clear_immutable=clear_immutable,
     )
-    files.line(
+    line_replaced(
         name="CUDA_HOME for every process (/etc/environment)",
         path="/etc/environment",
-        line="^CUDA_HOME=.*",
-        replace=f"CUDA_HOME={cuda_home}",
+        match="^CUDA_HOME=.*",
+        line=f"CUDA_HOME={cuda_home}",
     )
     owned_link(
         name="/usr/local/cuda is the locked toolkit",
@@ -273,16 +274,16 @@ def _cuda_home(cuda_home: str, clear_immutable: bool) -> None:
 def _runfile(config: StackConfig) -> None:
     """drv-install-runfile-flags: NVIDIA's runfile, SHA-256 checked, run with --silent --dkms --no-opengl-files
     --no-x-check (dkms from the OS first); replaces the apt driver, which remove_strays purged just before."""
-    driver, container = config.lock.driver, bool(host.get_fact(ContainerKind))
+    driver, container = config.lock.driver, bool(read(ContainerKind))
     if not container:
         installed(name="dkms (the runfile registers the module with it)", packages=["dkms"])
     _downloads()
     path = f"{DOWNLOADS}/{runfile_name(driver)}"
-    files.download(
+    downloaded(
         name=f"{runfile_name(driver)} (SHA-256 checked)",
         src=runfile_url(config.nvidia.runfile_base_url, driver),
         dest=path,
-        sha256sum=config.nvidia.runfile_sha256,
+        sha256=config.nvidia.runfile_sha256,
     )
     runfile_install(
         name="Install the driver from the runfile", path=path, driver=driver, options=runfile_options(container)
@@ -302,5 +303,5 @@ def _cuda_samples(config: StackConfig) -> None:
     directory = samples_dir(config)
     tarball = f"{DOWNLOADS}/{directory.rsplit('/', 1)[-1]}.tar.gz"
     _downloads()
-    files.download(name="cuda-samples source (SHA-256 checked)", src=url, dest=tarball, sha256sum=sha256)
+    downloaded(name="cuda-samples source (SHA-256 checked)", src=url, dest=tarball, sha256=sha256)
     stage_cuda_samples(name=f"cuda-samples source in {directory}", tarball=tarball, directory=directory, sha256=sha256)

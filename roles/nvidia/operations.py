@@ -6,7 +6,6 @@ import re
 import shlex
 
 from pyinfra import logger
-from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.server import Command
 
@@ -15,6 +14,7 @@ from ironserve.facts import ContainerKind, DpkgPackages
 from ironserve.lock import StackLock
 from ironserve.operations import Commands, failing
 from ironserve.packages import expected_version
+from ironserve.reads import Read, read, reading_operation
 from ironserve.versions import major_minor
 from roles.nvidia.facts import (
     MAIN_MODULE,
@@ -103,11 +103,11 @@ def secure_boot_refusal(sb_state: str, shim_validation_disabled: str) -> str | N
     return None
 
 
-@operation()
+@reading_operation(reads=lambda **_: [Read(SecureBoot)])
 def refuse_secure_boot(shim_validation_disabled: str = "proceed") -> Commands:
     """Stop before touching the host when Secure Boot would keep the driver from loading (or, by policy, when
     shim's validation is off); warn when the driver loads only because shim does not validate."""
-    sb_state = host.get_fact(SecureBoot)
+    sb_state = read(SecureBoot)
     refusal = secure_boot_refusal(sb_state, shim_validation_disabled)
     if refusal is not None:
         yield failing(refusal)
@@ -118,22 +118,38 @@ def refuse_secure_boot(shim_validation_disabled: str = "proceed") -> Commands:
     yield from ()
 
 
-@operation()
+HEADERS = "linux-headers-*"  # every installed headers package, read with the host's other facts
+
+
+@reading_operation(
+    reads=lambda **_: [
+        Read(ContainerKind),
+        Read(Command, {"command": "uname -r"}),
+        Read(DkmsKernels),
+        Read(DpkgPackages, {"patterns": (HEADERS,)}),
+    ]
+)
 def kernel_headers(driver: str) -> Commands:
     """linux-headers for the running kernel and every installed kernel that lacks the DKMS-built module."""
-    if host.get_fact(ContainerKind):
+    if read(ContainerKind):
         host.noop("container: the running kernel is the machine's; no headers to install here")
         return
-    release = host.get_fact(Command, "uname -r").strip()
-    kernels = [release, *(k for k in dkms_lacking(host.get_fact(DkmsKernels), driver) if k != release)]
-    yield from installed._inner(packages=[f"linux-headers-{k}" for k in kernels])
+    release = read(Command, command="uname -r").strip()
+    kernels = [release, *(k for k in dkms_lacking(read(DkmsKernels), driver) if k != release)]
+    wanted = [f"linux-headers-{k}" for k in kernels]
+    have = read(DpkgPackages, patterns=(HEADERS,))
+    missing = [name for name in wanted if name not in have]
+    if not missing:
+        host.noop("installed: " + ", ".join(wanted))
+        return
+    yield from installed._inner(packages=missing)
 
 
-@operation()
+@reading_operation(reads=lambda **_: [Read(DkmsKernels)])
 def dkms_every_kernel(driver: str) -> Commands:
     """`dkms autoinstall -k K` for every installed kernel without the nvidia module `driver` (a kernel installed
     while its headers were missing, or before the driver); each build is checked where DKMS installs it."""
-    observed = host.get_fact(DkmsKernels)
+    observed = read(DkmsKernels)
     if not observed.kernels:
         host.noop("no kernel image in /boot: a container runs the machine's kernel")
         return
@@ -147,11 +163,11 @@ def dkms_every_kernel(driver: str) -> Commands:
         yield f"ls /lib/modules/{k}/updates/dkms/ | grep -Eqx '{MAIN_MODULE.pattern}'"
 
 
-@operation()
+@reading_operation(reads=lambda also, **_: [Read(DpkgPackages, {"patterns": STRAY_PATTERNS + also})])
 def remove_strays(keep: list[str], lock: StackLock, also: tuple[str, ...] = ()) -> Commands:
     """Purge packages of the stack's families installed beside the lock (e.g. a CUDA 12 toolkit), and the packages
     in `also` (the apt driver, when the runfile installs it)."""
-    installed = host.get_fact(DpkgPackages, patterns=STRAY_PATTERNS + also)
+    installed = read(DpkgPackages, patterns=STRAY_PATTERNS + also)
     strays = sorted(
         name
         for name, entry in installed.items()
@@ -163,40 +179,40 @@ def remove_strays(keep: list[str], lock: StackLock, also: tuple[str, ...] = ()) 
     yield f"{APT_GET} --allow-change-held-packages purge " + " ".join(strays)  # a hold does not keep a stray
 
 
-@operation()
+@reading_operation(reads=lambda **_: [Read(RunfileDriver)])
 def runfile_install(path: str, driver: str, options: tuple[str, ...]) -> Commands:
     """`sh NVIDIA-Linux-x86_64-<driver>.run OPTIONS` unless that driver is installed by a run with those options."""
-    observed = host.get_fact(RunfileDriver)
+    observed = read(RunfileDriver)
     if observed.version == driver and set(options) <= set(observed.options):
         host.noop(f"driver {driver} installed from the runfile with {' '.join(options)}")
         return
     yield f"sh {shlex.quote(path)} {' '.join(options)}"
 
 
-@operation()
+@reading_operation(reads=lambda **_: [Read(RunfileDriver)])
 def remove_runfile_driver() -> Commands:
     """The apt method after a runfile install: `nvidia-uninstall --silent` first (its files would clash)."""
-    observed = host.get_fact(RunfileDriver)
+    observed = read(RunfileDriver)
     if observed.version is None:
         host.noop("no runfile driver installed")
         return
     yield "nvidia-uninstall --silent"
 
 
-@operation()
+@reading_operation(reads=lambda **_: [Read(StaleInitrds, {"newer_than": NOUVEAU_BLACKLIST})])
 def rebuild_initramfs() -> Commands:
     """`update-initramfs -u -k all` when an initrd predates the nouveau blacklist."""
-    stale = host.get_fact(StaleInitrds, newer_than=NOUVEAU_BLACKLIST)
+    stale = read(StaleInitrds, newer_than=NOUVEAU_BLACKLIST)
     if not stale:
         host.noop("every initrd includes the nouveau blacklist (or there is none: a container)")
         return
     yield "update-initramfs -u -k all"
 
 
-@operation()
+@reading_operation(reads=lambda directory, **_: [Read(CudaSamples, {"directory": directory})])
 def stage_cuda_samples(tarball: str, directory: str, sha256: str) -> Commands:
     """Unpack the checksummed cuda-samples tarball into `directory` (recording its SHA-256) unless it is there."""
-    if host.get_fact(CudaSamples, directory=directory) == sha256:
+    if read(CudaSamples, directory=directory) == sha256:
         host.noop(f"{directory} holds the cuda-samples source {sha256[:12]}")
         return
     d, t = shlex.quote(directory), shlex.quote(tarball)
@@ -206,7 +222,11 @@ def stage_cuda_samples(tarball: str, directory: str, sha256: str) -> Commands:
     )
 
 
-@operation()
+def _stack_reads(cuda_home: str, dkms: bool, **_: object) -> list[Read]:
+    return [Read(NvidiaStack, {"cuda_home": cuda_home}), Read(LoadedModule), *([Read(DkmsKernels)] if dkms else [])]
+
+
+@reading_operation(reads=_stack_reads)
 def verify_stack(driver: str, cuda: str, cudnn: str, cuda_home: str, dkms: bool) -> Commands:
     """Fail unless nvidia-smi, the toolkit, the cuDNN header and the DKMS builds match the lock.
 
@@ -217,15 +237,15 @@ def verify_stack(driver: str, cuda: str, cudnn: str, cuda_home: str, dkms: bool)
     if not state.is_executing:
         host.noop("verified after the install, while the deploy runs")
         return
-    observed = host.get_fact(NvidiaStack, cuda_home=cuda_home)
+    observed = read(NvidiaStack, cuda_home=cuda_home)
     problems = stack_problems(observed, driver, cuda, cudnn, cuda_home)
-    pending = driver_reboot_reason(host.get_fact(LoadedModule), driver) is not None
+    pending = driver_reboot_reason(read(LoadedModule), driver) is not None
     reboot = [p for p in problems if "reboot needed" in p]
     wrong = [
         p for p in problems if p not in reboot and not ((reboot or pending) and p.startswith("nvidia-smi reports"))
     ]
     if dkms:
-        lacking = dkms_lacking(host.get_fact(DkmsKernels), driver)
+        lacking = dkms_lacking(read(DkmsKernels), driver)
         if lacking:
             wrong.append(f"no DKMS-built nvidia {driver} module for kernel {', '.join(lacking)}")
     if wrong:

@@ -20,6 +20,7 @@ from pyinfra.api.state import State
 from pyinfra.context import host
 
 from ironserve.operations import Commands
+from ironserve.reads import Read, plan, read
 from ironserve.run import HostRun
 from roles.preflight.checks import HostObservation, PreflightReport, evaluate
 from roles.preflight.facts import CpuSockets, DmiString, IommuFacts, PciDevices, PciNumaNodes, PowerSupplies
@@ -43,10 +44,11 @@ EMPTY: dict[str, Any] = {"devices": [], "sysfs_numa": {}, "power_supplies": []}
 
 
 def observe_facts() -> HostObservation:
-    """The host's hardware through pyinfra facts (gathered while operations are prepared)."""
+    """The host's hardware through pyinfra facts (gathered while operations are prepared, in one round trip)."""
     values: dict[str, Any] = {}
+    plan(Read(fact, kwargs) for fact, kwargs in FACTS.values())  # read in one round trip
     for key, (fact, kwargs) in FACTS.items():
-        value = host.get_fact(fact, **kwargs)
+        value = read(fact, **kwargs)
         values[key] = EMPTY[key] if value is None and key in EMPTY else value
     return HostObservation(**values)
 

@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
-from pyinfra.api.operation import operation
 from pyinfra.context import host
+from pyinfra.facts.server import Groups
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
 from ironserve.operations import Commands, report
 from ironserve.owned import backed_up, owned_directory, owned_file
+from ironserve.reads import Read, read, reading_operation
 from ironserve.run import HostRun
-from roles.security.facts import ForeignDropins, PasswordState, SupplementaryGroups
+from roles.security.facts import AccountShape, ForeignDropins, PasswordState, SupplementaryGroups
 from roles.security.seccomp import (
     DROPIN_NAME,
     SECCOMP_PROFILE,
@@ -33,21 +34,21 @@ if TYPE_CHECKING:  # the registry imports this package
     from roles import StackConfig
 
 
-@operation()
+@reading_operation(reads=lambda user, **_: [Read(PasswordState, {"user": user})])
 def locked_password(user: str) -> Commands:
     """Lock the account's password (no password login, ever), unless it already is."""
-    state = host.get_fact(PasswordState, user=user)
+    state = read(PasswordState, user=user)
     if state == "locked":
         host.noop(f"{user}: password locked")
     else:
         yield StringCommand("usermod", "--lock", QuoteString(user))
 
 
-@operation()
+@reading_operation(reads=lambda user, **_: [Read(SupplementaryGroups, {"user": user})])
 def only_own_group(user: str) -> Commands:
     """The account belongs to no group beyond its own: a group (sudo, docker, disk) would hand the service its
     rights, and pyinfra's server.user leaves groups it was not told about."""
-    extra = host.get_fact(SupplementaryGroups, user=user)
+    extra = read(SupplementaryGroups, user=user)
     if not extra:
         host.noop(f"{user}: no group beyond its own")
         return
@@ -56,11 +57,11 @@ def only_own_group(user: str) -> Commands:
         yield StringCommand("gpasswd", "--delete", QuoteString(user), QuoteString(group))
 
 
-@operation()
+@reading_operation(reads=lambda units, **_: [Read(ForeignDropins, {"units": units})])
 def foreign_dropins_moved_aside(units: list[str], own: list[str]) -> Commands:
     """Move drop-ins other than `own` on the units ironserve hardens into BACKUP_DIR: a `systemctl edit`
     override.conf (User=root), a `systemctl set-property` MemoryMax or a same-named mask outranks the role's."""
-    foreign = [path for path in host.get_fact(ForeignDropins, units=units) if path not in own]
+    foreign = [path for path in read(ForeignDropins, units=units) if path not in own]
     if not foreign:
         host.noop("no drop-in but ironserve's on " + ", ".join(units))
         return
@@ -68,22 +69,40 @@ def foreign_dropins_moved_aside(units: list[str], own: list[str]) -> Commands:
         yield from backed_up(path, "overrides a unit ironserve hardens (set it through security_*)")
 
 
+@reading_operation(reads=lambda **_: [Read(Groups)])
+def service_group(group: str) -> Commands:
+    """A system group: pyinfra's server.group, run only when the group is missing."""
+    if group in read(Groups):
+        host.noop(f"group {group} exists")
+        return
+    yield from server.group._inner(group=group, system=True)
+
+
+@reading_operation(reads=lambda user, **_: [Read(AccountShape, {"user": user})])
+def service_account(user: str, group: str, shell: str, home: str) -> Commands:
+    """A system account with this primary group, shell and home (never created: the service writes its state
+    there): pyinfra's server.user, run only when the account differs. Other groups: only_own_group."""
+    existing = read(AccountShape, user=user)
+    if existing and (existing.group, existing.shell, existing.home) == (group, shell, home):
+        host.noop(f"account {user}: group {group}, shell {shell}, home {home}")
+        return
+    yield from server.user._inner(
+        user=user, group=group, shell=shell, home=home, system=True, create_home=False, ensure_home=False
+    )
+
+
 @deploy("Security")
 def security(config: StackConfig, run: HostRun) -> None:
     settings = config.security
     profile = read_seccomp_profile()
 
-    server.group(name="Service group", group=settings.group, system=True)
-    server.user(
+    service_group(name="Service group", group=settings.group)
+    service_account(
         name="Service account (no login shell)",
         user=settings.user,
         group=settings.group,
-        groups=[],
         shell=settings.shell,
         home=settings.state_dir,
-        system=True,
-        create_home=False,
-        ensure_home=False,
     )
     locked_password(name="Service account password locked", user=settings.user)
     only_own_group(name="Service account in no other group", user=settings.user)

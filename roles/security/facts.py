@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from pyinfra.api.facts import FactBase
 
@@ -41,6 +42,29 @@ class SupplementaryGroups(FactBase[list[str]]):
             return []
         primary = lines[0].strip()
         return [group for group in lines[1].split() if group != primary]
+
+
+@dataclass(frozen=True)
+class Account:
+    group: str  # the primary group's name
+    home: str
+    shell: str
+
+
+class AccountShape(FactBase[Account | None]):
+    """An account's primary group, home and shell as the system resolves them (`getent passwd`, `id -gn`: local
+    files or a directory service alike), or None when there is no such account."""
+
+    def command(self, user: str) -> str:
+        quoted = shlex.quote(user)
+        return f"getent passwd {quoted} && id -gn {quoted} 2>/dev/null || true"
+
+    def process(self, output: Iterable[str]) -> Account | None:
+        lines = list(output)
+        fields = lines[0].split(":") if lines else []
+        if len(lines) < 2 or len(fields) != 7:
+            return None
+        return Account(group=lines[1].strip(), home=fields[5], shell=fields[6])
 
 
 # Where an admin's tools put drop-ins that outrank a unit's own (systemd.unit(5), "Unit File Load Path"):

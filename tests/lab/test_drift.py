@@ -440,6 +440,16 @@ def test_no_deploy_printed_a_traceback(hosts: list[LabHost]) -> None:
             assert "Traceback" not in run.output, run.output[-8000:]
 
 
+def test_a_no_op_run_reads_each_host_in_two_round_trips(hosts: list[LabHost]) -> None:
+    """The facts the operations read come in one command while the deploy is queued (hardware, distribution) and
+    one when it runs (everything else, ironserve.reads), not one command per fact (102 before)."""
+    run = deploy(hosts, roles=HOST_ROLES, pyinfra_args=("--debug",))
+    assert run.changed == 0, run.output[-8000:]
+    for host in hosts:
+        commands = run.output.count(f"Running command on {host.name}:")
+        assert commands == 2, f"{host.name}: {commands} SSH commands in a no-op run"
+
+
 def test_an_immutable_file_stops_only_its_host_naming_the_setting_then_the_setting_restores_it(
     hosts: list[LabHost], tmp_path: Path
 ) -> None:

@@ -25,7 +25,9 @@ from pyinfra.api.config import Config
 from pyinfra.api.facts import FactBase
 from pyinfra.context import ctx_host, ctx_state
 
+from ironserve import reads
 from ironserve.lock import StackLock
+from ironserve.reads import freeze
 
 # A command as a test compares it: the shell text, a `function:<name>` marker, or a dict for what a string
 # cannot say alone (an upload; a command whose logged form masks a secret: {"raw": ..., "masked": ...}).
@@ -40,23 +42,12 @@ class MissingFact(LookupError):
 
 
 def fact_name(fact: type | str) -> str:
-    return fact if isinstance(fact, str) else f"{fact.__module__}.{fact.__qualname__}"
+    return fact if isinstance(fact, str) else reads.fact_name(fact)
 
 
 def fact_class(name: str) -> FactClass:
     module, _, cls = name.rpartition(".")
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
-
-
-def freeze(value: Any) -> Any:
-    """A hashable, order-insensitive form of fact arguments: lists and tuples alike, dicts by sorted items."""
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(freeze(v) for v in value)
-    if isinstance(value, set | frozenset):
-        return tuple(sorted(freeze(v) for v in value))
-    return value
 
 
 def fact_arguments(fact: FactClass, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -204,6 +195,17 @@ def collect(operation: Callable[..., Any], host: FakeHost, state: FakeState | No
         patch("pyinfra.operations.util.files.get_timestamp", lambda: TIMESTAMP),
     ):
         return list(operation._inner(**op_arguments(operation, kwargs)))  # type: ignore[attr-defined]
+
+
+def declared_reads(operation: Callable[..., Any], **kwargs: Any) -> set[FactKey] | None:
+    """The facts `operation(**kwargs)` declares it reads when queued (ironserve.reads), or None if it declares
+    none (an operation that reads no fact)."""
+    plan = getattr(operation, "reads", None)
+    if plan is None:
+        return None
+    bound = inspect.signature(operation._inner).bind(**op_arguments(operation, kwargs))  # type: ignore[attr-defined]
+    bound.apply_defaults()
+    return {request.key for request in plan(**bound.arguments)}
 
 
 def run_operation(

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import pyinfra_cli.main
 import pytest
 from pyinfra.api.exceptions import DeployError
 
@@ -146,7 +147,7 @@ def test_every_ironserve_command_prints_the_same_report_before_any_connection(
     def never(*args: object, **kwargs: object) -> int:
         raise AssertionError("a host would be contacted")
 
-    monkeypatch.setattr(cli.subprocess, "call", never)
+    monkeypatch.setattr(pyinfra_cli.main, "main", never)  # deploy runs pyinfra in this process
     monkeypatch.setattr(cli.verify, "run", never)
     with pytest.raises(SystemExit) as stopped:
         cli.main([command, str(inventory)])

@@ -35,6 +35,7 @@ from tests.unit.operation_harness import (
     FakeState,
     MissingFact,
     collect,
+    declared_reads,
     fact_key,
     facts_table,
     render,
@@ -100,6 +101,18 @@ def test_operation_case(path: Path) -> None:
         if "noop" in case:
             assert any(case["noop"] in message for message in host.noops), host.noops
     assert_all_read(host)
+    if "noop" in case:
+        assert_declared(operation, host, case.get("kwargs", {}))
+
+
+def assert_declared(operation: Callable[..., Any], host: FakeHost, kwargs: dict[str, Any]) -> None:
+    """Every fact an operation reads to find nothing to do was declared when it was queued, so a no-op deploy
+    fetches it with the host's others in one command (ironserve.reads); a change may read more."""
+    declared = declared_reads(operation, **kwargs)
+    undeclared = [
+        f"{name} {dict(arguments)}" for name, arguments in host.read if (name, arguments) not in (declared or set())
+    ]
+    assert not undeclared, f"read but not declared in @reading_operation(reads=...): {undeclared}"
 
 
 def defined_operations() -> set[str]:
