@@ -46,9 +46,9 @@ def fact_name(fact: type) -> str:
     return f"{fact.__module__}.{fact.__qualname__}"
 
 
-def fact_arguments(fact: type[FactBase[Any]], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def fact_arguments(fact: type[FactBase[Any]], kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> dict[str, Any]:
     """The fact's `command()` arguments by name, defaults filled in, however the caller passed them."""
-    bound = inspect.signature(fact.command).bind(None, **kwargs)
+    bound = inspect.signature(fact.command).bind(None, *args, **kwargs)
     bound.apply_defaults()
     return {k: v for k, v in bound.arguments.items() if k != "self"}
 
@@ -148,12 +148,11 @@ WINDOW_AFTER_CHANGE = 1
 @dataclass
 class HostReads:
     planned: list[list[Read]] = field(default_factory=list)  # each queued operation's declared reads, in order
-    position: dict[str | None, int] = field(default_factory=dict)  # operation hash -> its index in `planned`
+    position: dict[str, int] = field(default_factory=dict)  # operation hash -> its index in `planned`
     cursor: int = 0  # the index of the operation executing now
     known: dict[FactKey, Any] = field(default_factory=dict)
     window: int | None = None  # operations a fetch covers ahead of the cursor; None: all the rest
     last_op: str | None = None
-    bundles: int = 0  # commands that read facts (benchmarks/converge.py counts them)
 
     def forget(self) -> None:
         self.known.clear()
@@ -260,7 +259,6 @@ def _fetch(reads: HostReads, requests: list[Read]) -> None:
         print_input=state.print_fact_input,
         **connector,
     )
-    reads.bundles += 1
     if not status:
         return
     answers = split_bundle(output.stdout_lines, marker)
@@ -293,7 +291,7 @@ def reading_operation(reads: Callable[..., Iterable[Read]]) -> Callable[[Body], 
             bound.apply_defaults()
             queued_meta = queued_op(*args, **kwargs)
             # pyinfra records each operation's hash on the host as it is queued.
-            plan(reads(**bound.arguments), op_hash=host.op_hash_order[-1] if host.op_hash_order else None)
+            plan(reads(**bound.arguments), op_hash=host.op_hash_order[-1])
             return queued_meta
 
         queued.reads = reads  # type: ignore[attr-defined]

@@ -50,16 +50,9 @@ def fact_class(name: str) -> FactClass:
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
 
 
-def fact_arguments(fact: FactClass, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The fact's `command()` arguments by name, defaults filled in, however the caller passed them."""
-    bound = inspect.signature(fact.command).bind(None, *args, **kwargs)
-    bound.apply_defaults()
-    return {k: v for k, v in bound.arguments.items() if k != "self"}
-
-
 def fact_key(fact: FactClass | str, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None) -> FactKey:
     cls = fact_class(fact) if isinstance(fact, str) else fact
-    return fact_name(cls), freeze(fact_arguments(cls, args, kwargs or {}))
+    return fact_name(cls), freeze(reads.fact_arguments(cls, kwargs or {}, args))
 
 
 def build(hint: Any, value: Any) -> Any:
