@@ -14,11 +14,20 @@ gpu_servers = site(
         # Each host's iDRAC for the BIOS role; credentials come from IRONSERVE_REDFISH_USER/_PASSWORD.
         (
             "r740-01.example.internal",
-            {"ssh_user": "root", "bios_redfish_address": "https://idrac-r740-01.example.internal"},
+            {
+                "ssh_user": "root",
+                "bios_redfish_address": "https://idrac-r740-01.example.internal",
+                # Envoy's listener: this host's address on the serving network, not every interface.
+                "inference_listen_address": "10.20.0.11",
+            },
         ),
         (
             "r740-02.example.internal",
-            {"ssh_user": "root", "bios_redfish_address": "https://idrac-r740-02.example.internal"},
+            {
+                "ssh_user": "root",
+                "bios_redfish_address": "https://idrac-r740-02.example.internal",
+                "inference_listen_address": "10.20.0.12",
+            },
         ),
     ],
     {

@@ -36,6 +36,8 @@ SERVICE_OVERRIDES: dict[str, dict[str, Any]] = {
     "engine": {"max_model_len": 512, "max_num_seqs": 8, "tensor_parallel_size": 1, "enforce_eager": True},
     "readiness": {"startup_timeout_s": 300, "drain_timeout_s": 20},
     "swap": {"ready_timeout_s": 300, "poll_interval_s": 0.2},
+    # The release gate: no GPU, and the inference lab hosts run no container runtime.
+    "release": {"require_gpu": False, "runtime_storage": None, "runtime_unit": None},
 }
 
 

@@ -42,6 +42,7 @@ def _entry(host: state.LabHost) -> HostEntry:
     if host.extra.get("pip_index_url"):  # the lab pip index of the engine lock (ironserve/lab/wheelhouse.py)
         data["inference_pip_index_url"] = host.extra["pip_index_url"] + "/simple/"
     data.update(lab_inference.inventory_data())  # the CPU engine and the tiny model's sealed versions
+    data["inference_listen_address"] = host.ssh_address  # the lab bridge is the hosts' serving network too
     if host.kind == "vm":
         # Under software emulation unpacking linux-headers and mkinitramfs each take over 10 minutes
         # (measured); the VM hosts are for GRUB and reboots, so the NVIDIA role skips both there.

@@ -25,9 +25,16 @@ from ironserve.operations import daemon_reloaded, restarted_when_stale
 from ironserve.owned import owned_directory, owned_file, render_template, unmasked
 from ironserve.run import HostRun
 from ironserve.validators import check_environment, systemd_quoted
-from roles.inference.operations import locked_environment, model_version_dir, runtime_dirs, service_package, serving
+from roles.inference.operations import (
+    api_keys_present,
+    locked_environment,
+    model_version_dir,
+    runtime_dirs,
+    service_package,
+    serving,
+)
 from roles.inference.render import lock_pins, prometheus_config, service_wheel, service_yaml
-from roles.inference.settings import CONFIG_PATH, ENGINE_UNIT, RUN_DIR, check_deployable
+from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH, ENGINE_UNIT, RUN_DIR, check_deployable
 
 if TYPE_CHECKING:  # the registry imports this package
     from roles import StackConfig
@@ -127,6 +134,13 @@ def _configure(config: StackConfig, settings: ServiceSettings) -> None:
     owned_file(
         name="Service configuration", path=str(CONFIG_PATH), content=service_yaml(settings), clear_immutable=frozen
     )
+    api_keys_present(
+        name="API keys (a first one generated on the host when there is none)",
+        venv=config.inference.venv,
+        config=str(CONFIG_PATH),
+        path=str(API_KEYS_PATH),
+        group=security.group,
+    )
     owned_directory(
         name="Envoy's dynamic configuration (written by the control loop)",
         path=str(settings.swap.router_dir),
@@ -212,13 +226,17 @@ def inference_deployable(config: StackConfig) -> None:
     """The index, the lock and the sealed model have no default; the engines need the security drop-in."""
     security = config.security
     check_deployable(
-        config.inference, security.model_dir, security.service_units, (security.state_dir, security.log_dir)
+        config.inference,
+        security.model_dir,
+        security.group,
+        security.service_units,
+        (security.state_dir, security.log_dir),
     )
 
 
 @deploy("Inference service")
 def inference(config: StackConfig, run: HostRun) -> None:
-    settings = config.inference.service_settings(config.security.model_dir)
+    settings = config.inference.service_settings(config.security.model_dir, config.security.group)
     version = config.inference.version()
 
     _install_service(config)

@@ -16,7 +16,8 @@ from pyinfra.api.hiddenvalue import HiddenValue
 from pyinfra.context import host, state
 from pyinfra.facts.files import Directory, File
 
-from ironserve.operations import Commands
+from ironserve.operations import Commands, failing
+from ironserve.owned import OwnedPath
 from ironserve.reads import Read, read, reading_operation
 from ironserve.validators import SYSTEM_DIRS, check_model_version, check_path
 from roles.inference.facts import ServingStatus, VenvPackages
@@ -115,3 +116,25 @@ def serving(venv: str, config: str, model: str, version: str) -> Commands:
         QuoteString(f"{venv}/bin/ironserve-service"), "swap", QuoteString(model), QuoteString(version), "--config",
         QuoteString(config),
     )  # fmt: skip
+
+
+@reading_operation(reads=lambda path, **_: [Read(OwnedPath, {"path": path})])
+def api_keys_present(venv: str, config: str, path: str, group: str) -> Commands:
+    """The keys file Envoy's API routes check, root:<group> 0640 (the control loop reads it as the service
+    account). When absent, one key for client "default" is generated on the host by `ironserve-service api-key
+    add --quiet`: no key passes through the deploy machine or its output. Its content is the admin's: never
+    compared, never rewritten."""
+    shape = read(OwnedPath, path=path)
+    if shape.kind not in {"absent", "file"}:
+        yield failing(f"{path} is a {shape.kind}, not the API keys file; move it away")
+        return
+    changed = False
+    if shape.kind == "absent":
+        cli = QuoteString(f"{venv}/bin/ironserve-service")
+        yield StringCommand(cli, "api-key", "add", "default", "--quiet", "--config", QuoteString(config))
+        changed = True
+    if changed or (shape.mode, shape.user, shape.group) != ("640", "root", group):
+        yield StringCommand("chown", QuoteString(f"root:{group}"), QuoteString(path))
+        yield StringCommand("chmod", "0640", QuoteString(path))
+        return
+    host.noop(f"{path}: root:{group} 0640")

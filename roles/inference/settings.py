@@ -8,6 +8,7 @@ inventory may override every other key through `inference_service`.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,6 +33,8 @@ from ironserve.validators import (
 
 ENGINE_UNIT = "ai-service@{colour}.service"
 CONFIG_PATH = Path("/etc/ironserve/service.yaml")
+# The API keys Envoy checks: generated on the host, never in the inventory (`ironserve-service api-key`).
+API_KEYS_PATH = Path("/etc/ironserve/api-keys")
 RUN_DIR = Path("/run/ironserve")
 ROUTER_DIR = Path("/etc/ironserve/envoy")
 # The distribution's own interpreter (Debian 12: python3.11; Ubuntu 22.04: python3.10), never conda or pyenv.
@@ -96,7 +99,20 @@ ROLE_OWNED = {
     ("swap", "router_dir"),
     ("swap", "colour_unit"),
     ("swap", "envoy_binary"),
+    ("swap", "listen_host"),
+    ("swap", "api_keys_file"),
+    ("release", "service_group"),
 }
+
+
+def _listen_address(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        raise ValueError(
+            "not an IP address; accepted: this host's address on the serving network, e.g. 10.0.1.11 "
+            "(0.0.0.0 or :: only to listen on every interface)"
+        ) from None
 
 
 class InferenceSettings(RoleSettings):
@@ -115,6 +131,14 @@ class InferenceSettings(RoleSettings):
         description="Hash-locked requirements on the deploy machine (pip --require-hashes; lab: "
         "ironserve/lab/files/requirements-cpu.lock): vLLM, torch and the service's dependencies "
         "(py-deps, py-torch-sha256). Required.",
+    )
+    listen_address: Annotated[str, AfterValidator(_listen_address)] | None = Field(
+        None,
+        alias="inference_listen_address",
+        description="The address Envoy's listener binds (port `swap.listen_port`): this host's address on the "
+        "serving network, so that the API is never on every interface by accident (0.0.0.0 only when written "
+        "so). Clients send `Authorization: Bearer <key>`; keys are made on the host (`ironserve-service api-key "
+        "add CLIENT`, /etc/ironserve/api-keys). Required.",
     )
     python: Annotated[str, AfterValidator(_python)] = Field(
         "/usr/bin/python3",
@@ -251,14 +275,14 @@ class InferenceSettings(RoleSettings):
         except ValueError as exc:
             raise ValueError(f"inference_models_root {path}: {exc}") from None
 
-    def service_settings(self, security_model_dir: str) -> ServiceSettings:
+    def service_settings(self, security_model_dir: str, service_group: str) -> ServiceSettings:
         """The host's service.yaml: the role's layout plus the inventory's overrides."""
         models_root = Path(self.models_root_path(security_model_dir))
         venv = Path(self.venv)
         overrides = self.service
         data: dict[str, dict[str, Any]] = {
             "engine": {"served_model_name": self.model_name, **overrides.get("engine", {})},
-            "swap": {"listen_host": "0.0.0.0", **overrides.get("swap", {})},
+            "swap": dict(overrides.get("swap", {})),
             **{section: dict(values) for section, values in overrides.items() if section not in {"engine", "swap"}},
         }
         # engine.model_dir names the versions' root: `swap` gives each colour's config its version's directory.
@@ -271,13 +295,19 @@ class InferenceSettings(RoleSettings):
             "router_dir": str(ROUTER_DIR),
             "colour_unit": ENGINE_UNIT,
             "envoy_binary": str(venv / "bin/envoy"),
+            # Loopback only until check_deployable has required the address.
+            "listen_host": self.listen_address or "127.0.0.1",
+            "api_keys_file": str(API_KEYS_PATH),
         }
+        # The release gate checks the group the engines run as (security_group).
+        data["release"] = {**data.get("release", {}), "service_group": service_group}
         return ServiceSettings.model_validate(data)
 
 
 def check_deployable(
     settings: InferenceSettings,
     security_model_dir: str,
+    service_group: str,
     hardened_units: tuple[str, ...],
     service_dirs: tuple[str, ...] = (),
 ) -> None:
@@ -296,6 +326,7 @@ def check_deployable(
         ("inference_pip_index_url", settings.pip_index_url),
         ("inference_requirements", settings.requirements),
         ("inference_model_source", settings.model_source),
+        ("inference_listen_address", settings.listen_address),
     ):
         if value is None:
             raise ValueError(f"{key} must be set for the inference role")
@@ -310,7 +341,7 @@ def check_deployable(
                     "security_state_dir and security_log_dir"
                 )
     try:
-        settings.service_settings(security_model_dir)
+        settings.service_settings(security_model_dir, service_group)
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()

@@ -5,9 +5,11 @@ Every process is started here and stopped by PID; the two vLLM instances are sta
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,9 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx2
+import openai
 import yaml
+from openai.types.chat import ChatCompletionMessageParam
 
-from ironserve_service import artifacts, swap
+from ironserve_service import artifacts, router, swap
 from ironserve_service.control import EnvoyAdmin, wait_for
 from ironserve_service.health import marker_pid, pid_alive
 from ironserve_service.settings import COLOURS, Colour, ServiceSettings, load_settings
@@ -90,6 +95,7 @@ class Stack:
     etcd: subprocess.Popen[bytes] | None = None
     envoy: subprocess.Popen[bytes] | None = None
     control: subprocess.Popen[bytes] | None = None
+    exporter: subprocess.Popen[bytes] | None = None
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         log = (self.logs / f"{name}.log").open("ab")
@@ -125,13 +131,15 @@ class Stack:
         admin = EnvoyAdmin(self.settings.swap.admin_port)
         assert wait_for(admin.ready, 30, 0.1), (self.logs / "envoy.log").read_text()[-2000:]
         self.control = self._spawn("control", [*cli, "control", "--config", str(self.config)])
+        # The exporter and its mirror sink, as the host runs them (the release gate reads the exporter).
+        self.exporter = self._spawn("exporter", [*cli, "exporter", "--config", str(self.config)])
 
     def stop(self) -> None:
         for colour in COLOURS:
             pid = marker_pid(self.settings.swap.colour_dir(colour) / "launcher.pid")
             if pid is not None and pid_alive(pid):
                 stop_launcher(pid)
-        for process in (self.control, self.envoy):
+        for process in (self.exporter, self.control, self.envoy):
             if process is not None:
                 terminate(process)
         self.stop_etcd()
@@ -180,6 +188,10 @@ def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s:
             "max_num_seqs": 8, "tensor_parallel_size": 1, "enforce_eager": True, "engine_python": str(engine_python),
         },
         "readiness": {"startup_timeout_s": 240, "poll_interval_s": 0.5, "drain_timeout_s": 20},
+        "exporter": {"port": free_port()},
+        "quality": {"mirror_port": free_port(), "semantic_scorer": "none", "mirror_percent": 2},
+        # This machine: no GPU, no container runtime, processes run as root.
+        "release": {"require_gpu": False, "runtime_storage": None, "runtime_unit": None, "service_group": "root"},
         "swap": {
             "model_name": "qwen2-7b", "etcd_url": f"http://127.0.0.1:{etcd_port}", "models_root": str(models),
             "run_dir": str(work / "run"), "router_dir": str(work / "envoy"), "blue_port": free_port(),
@@ -202,7 +214,8 @@ class Outcome:
     error: str = ""
 
 
-CHAT = {"model": "qwen2-7b", "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8}
+MODEL = "qwen2-7b"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8}
 
 
 def one_request(url: str, streaming: bool, timeout_s: float = 60) -> Outcome:
@@ -244,10 +257,20 @@ def h2c_request(url: str, streaming: bool, timeout_s: float = 60) -> Outcome:
     return Outcome(ok, ok and complete(payload, streaming), colour, streaming, "h2c", now - started, now, error)
 
 
+# Server-sent events end lines with CR, LF or CRLF only (WHATWG HTML, "Parsing an event stream"). str.splitlines
+# (and httpx's iter_lines, which follows it) also splits at U+0085, U+2028 and U+2029, which a model may emit and
+# JSON leaves unescaped: a complete stream then looks truncated to the client.
+SSE_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def sse_data(text: str) -> list[str]:
+    return [line[6:] for line in SSE_LINE_END.split(text) if line.startswith("data: ")]
+
+
 def complete(text: str, streaming: bool) -> bool:
     try:
         if streaming:
-            events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+            events = sse_data(text)
             if not events or events[-1] != "[DONE]":
                 return False
             chunks = [json.loads(e) for e in events[:-1]]
@@ -259,13 +282,82 @@ def complete(text: str, streaming: bool) -> bool:
         return False
 
 
+SDK_MODES = (("sync", "http/1.1"), ("sync", "h2c"), ("async", "http/1.1"), ("async", "h2c"))
+SDK_MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something."}]
+
+
+def sdk_client(listener: str, http2: bool) -> openai.OpenAI:
+    """The official SDK as an application would use it; no SDK retries, so every failure is counted."""
+    http = httpx2.Client(http1=not http2, http2=http2, timeout=60)
+    return openai.OpenAI(base_url=f"{listener}/v1", api_key="none", http_client=http, max_retries=0)
+
+
+def async_sdk_client(listener: str, http2: bool) -> openai.AsyncOpenAI:
+    http = httpx2.AsyncClient(http1=not http2, http2=http2, timeout=60)
+    return openai.AsyncOpenAI(base_url=f"{listener}/v1", api_key="none", http_client=http, max_retries=0)
+
+
+def _sdk_outcome(
+    started: float, streaming: bool, protocol: str, colour: str | None, version: str, body: str, done: bool
+) -> Outcome:
+    now = time.monotonic()
+    wanted = "HTTP/2" if protocol == "h2c" else "HTTP/1.1"
+    if version != wanted:
+        return Outcome(False, False, colour, streaming, protocol, now - started, now, f"answered over {version}")
+    return Outcome(True, done, colour, streaming, protocol, now - started, now, "" if done else body[-400:])
+
+
+def _failed(started: float, streaming: bool, protocol: str, error: Exception) -> Outcome:
+    now = time.monotonic()
+    return Outcome(False, False, None, streaming, protocol, now - started, now, f"{type(error).__name__}: {error}")
+
+
+def sdk_request(client: openai.OpenAI, streaming: bool, protocol: str) -> Outcome:
+    """One chat completion with the SDK; a stream is read raw so that its final [DONE] is checked too."""
+    started = time.monotonic()
+    try:
+        if streaming:
+            with client.chat.completions.with_streaming_response.create(
+                model=MODEL, messages=SDK_MESSAGES, max_tokens=8, stream=True
+            ) as response:
+                text = b"".join(response.iter_bytes()).decode("utf-8")
+                http = response.http_response
+        else:
+            raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=SDK_MESSAGES, max_tokens=8)
+            http, text = raw.http_response, raw.text
+    except (openai.APIError, httpx2.HTTPError) as error:
+        return _failed(started, streaming, protocol, error)
+    colour = http.headers.get(router.COLOUR_HEADER)
+    return _sdk_outcome(started, streaming, protocol, colour, http.http_version, text, complete(text, streaming))
+
+
+async def async_sdk_request(client: openai.AsyncOpenAI, streaming: bool, protocol: str) -> Outcome:
+    started = time.monotonic()
+    try:
+        if streaming:
+            async with client.chat.completions.with_streaming_response.create(
+                model=MODEL, messages=SDK_MESSAGES, max_tokens=8, stream=True
+            ) as response:
+                text = b"".join([chunk async for chunk in response.iter_bytes()]).decode("utf-8")
+                http = response.http_response
+        else:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=SDK_MESSAGES, max_tokens=8
+            )
+            http, text = raw.http_response, raw.text
+    except (openai.APIError, httpx2.HTTPError) as error:
+        return _failed(started, streaming, protocol, error)
+    colour = http.headers.get(router.COLOUR_HEADER)
+    return _sdk_outcome(started, streaming, protocol, colour, http.http_version, text, complete(text, streaming))
+
+
 @dataclass
 class Load:
-    """`clients` threads, each alternating streaming / non-streaming; h2c_clients of them use HTTP/2."""
+    """`clients` threads driving the official openai SDK through Envoy: sync and async, HTTP/1.1 and h2c
+    (SDK_MODES in turn), each alternating streaming and non-streaming, one keep-alive client each."""
 
-    url: str
-    clients: int = 12
-    h2c_clients: int = 2
+    listener: str
+    clients: int = 16
     think_s: float = 0.5
     max_requests_per_client: int = 5000
     max_s: float = 600
@@ -274,17 +366,31 @@ class Load:
     threads: list[threading.Thread] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def _record(self, outcome: Outcome) -> None:
+        with self.lock:
+            self.outcomes.append(outcome)
+
     def _client(self, index: int) -> None:
+        flavour, protocol = SDK_MODES[index % len(SDK_MODES)]
+        if flavour == "async":
+            asyncio.run(self._async_client(index, protocol))
+            return
         deadline = time.monotonic() + self.max_s
-        for count in range(self.max_requests_per_client):
-            if self.stop_event.is_set() or time.monotonic() > deadline:
-                return
-            streaming = (count + index) % 2 == 0
-            send = h2c_request if index < self.h2c_clients else one_request
-            outcome = send(self.url, streaming)
-            with self.lock:
-                self.outcomes.append(outcome)
-            self.stop_event.wait(self.think_s)
+        with sdk_client(self.listener, protocol == "h2c") as client:
+            for count in range(self.max_requests_per_client):
+                if self.stop_event.is_set() or time.monotonic() > deadline:
+                    return
+                self._record(sdk_request(client, (count + index) % 2 == 0, protocol))
+                self.stop_event.wait(self.think_s)
+
+    async def _async_client(self, index: int, protocol: str) -> None:
+        deadline = time.monotonic() + self.max_s
+        async with async_sdk_client(self.listener, protocol == "h2c") as client:
+            for count in range(self.max_requests_per_client):
+                if self.stop_event.is_set() or time.monotonic() > deadline:
+                    return
+                self._record(await async_sdk_request(client, (count + index) % 2 == 0, protocol))
+                await asyncio.sleep(self.think_s)
 
     def start(self) -> Load:
         self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]

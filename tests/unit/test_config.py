@@ -219,6 +219,7 @@ def site_data(tmp_path: Path) -> dict[str, object]:
         "inference_pip_index_url": "https://mirror.example.internal/pypi/simple/",
         "inference_requirements": str(tmp_path / "requirements.lock"),
         "inference_model_source": str(model),
+        "inference_listen_address": "10.20.0.11",
     }
 
 

@@ -20,6 +20,7 @@ BASE: dict[str, Any] = {
     "inference_pip_index_url": "http://10.0.0.1:8080/simple/",
     "inference_requirements": str(REQUIREMENTS),
     "inference_model_source": str(LAB_MODEL),
+    "inference_listen_address": "10.0.0.5",
 }
 
 
@@ -72,6 +73,11 @@ def test_a_bad_service_value_names_the_section_and_key() -> None:
 
 
 def test_an_unknown_service_key_is_refused() -> None:
+    for owned in ({"swap": {"listen_host": "0.0.0.0"}}, {"swap": {"api_keys_file": "/tmp/k"}}):
+        with pytest.raises(ConfigError, match="which the role derives from the host layout"):
+            _deployable(inference_service=owned)
+    with pytest.raises(ConfigError, match="inference_listen_address must be set"):
+        check_deployable(stack_config("h", {k: v for k, v in BASE.items() if k != "inference_listen_address"}))
     with pytest.raises(ConfigError, match=r"inference_service: swap\.listen_prot: Extra inputs"):
         _deployable(inference_service={"swap": {"listen_prot": 8080}})
 
@@ -88,20 +94,22 @@ def test_engine_environment_names_must_fit_a_unit_file() -> None:
 
 def test_service_settings_tie_the_service_to_the_host_layout() -> None:
     config = stack_config("h", {**BASE, "inference_service": {"swap": {"listen_port": 8443}}})
-    settings = config.inference.service_settings(config.security.model_dir)
+    settings = config.inference.service_settings(config.security.model_dir, config.security.group)
     version = config.inference.version()
     assert settings.engine.model_dir == Path("/srv/ai/models/qwen2-7b")  # each colour's config names its version
     assert version == "20260101-000000"
     assert settings.engine.engine_python == Path("/opt/ironserve/venv/bin/python")
     assert settings.swap.unit("green") == "ai-service@green.service"
-    assert (settings.swap.listen_host, settings.swap.listen_port) == ("0.0.0.0", 8443)
+    assert (settings.swap.listen_host, settings.swap.listen_port) == ("10.0.0.5", 8443)
+    assert settings.swap.api_keys_file == Path("/etc/ironserve/api-keys")
+    assert settings.release.service_group == config.security.group
     assert settings.engine.served_model_name == "qwen2-7b"
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool absent (apt-get install prometheus)")
 def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     config = stack_config("h", BASE)
-    settings = config.inference.service_settings(config.security.model_dir)
+    settings = config.inference.service_settings(config.security.model_dir, config.security.group)
     rules = tmp_path / "rules.yml"
     rules.write_text(render_rules(settings.slo, settings.quality))
     path = tmp_path / "prometheus.yml"

@@ -274,6 +274,10 @@ INFERENCE: list[Case] = [
     ("inference_python", "/usr/bin/python3; id", ("distribution's Python",)),
     ("inference_python", "/usr/bin/python3\n", ("distribution's Python",)),
     ("inference_python", "python3", ("distribution's Python",)),
+    ("inference_listen_address", "r740-01.example.internal", ("inference_listen_address", "not an IP address")),
+    ("inference_listen_address", "10.0.1.256", ("not an IP address", "serving network")),
+    ("inference_listen_address", "10.0.1.11; id", ("not an IP address",)),
+    ("inference_listen_address", "10.0.1.11:8080", ("not an IP address", "0.0.0.0")),
     ("inference_venv", "/", (SYSTEM_DIR, "/opt/ironserve/venv")),
     ("inference_venv", "/opt", (SYSTEM_DIR,)),
     ("inference_venv", "/opt/ironserve", (SYSTEM_DIR,)),
@@ -479,6 +483,7 @@ def deployable(tmp_path: Path) -> dict[str, Any]:
         "inference_pip_index_url": "https://mirror.example.internal/simple/",
         "inference_requirements": str(lock),
         "inference_model_source": str(_sealed(tmp_path, "model")),
+        "inference_listen_address": "10.0.1.11",
     }
 
 
@@ -694,7 +699,7 @@ def test_the_deploy_checks_the_destination_right_before_the_sync(
     monkeypatch.setattr(inference_role, "owned_directory", lambda **kw: calls.append(("directory", kw["path"])))
     monkeypatch.setattr(inference_role.files, "sync", lambda **kw: calls.append(("sync", (kw["dest"], kw["delete"]))))
     config = stack_config("r740-01", deployable)
-    settings = config.inference.service_settings(config.security.model_dir)
+    settings = config.inference.service_settings(config.security.model_dir, config.security.group)
     inference_role._install_model(config, settings, config.inference.version())
     root = "/srv/ai/models/qwen2-7b"
     assert calls == [

@@ -37,6 +37,7 @@ INFERENCE = {
     "inference_pip_index_url": "https://pypi.example.internal/simple/",
     "inference_requirements": str(REQUIREMENTS),
     "inference_model_source": str(model_versions()["lab-v1"]),
+    "inference_listen_address": "10.0.0.5",
 }
 
 
@@ -338,7 +339,6 @@ def test_the_cuda_samples_url_refuses_credentials() -> None:
     [
         {"swap": {"etcd_url": f"http://root:{ETCD_SENTINEL}@10.0.0.5:2379"}},
         {"swap": {"etcd_url": f"https://10.0.0.5:2379/?password={ETCD_SENTINEL}"}},
-        {"exporter": {"vllm_metrics_url": f"http://u:{ETCD_SENTINEL}@127.0.0.1:8000/metrics"}},
         {"engine": {"extra_args": ["--x", f"--url=https://u:{ETCD_SENTINEL}@h/"]}},
     ],
 )

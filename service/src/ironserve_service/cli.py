@@ -1,4 +1,5 @@
-"""Wires the modules into one command: verify, seal, launch, probe, exporter, rules, router, control, swap, status."""
+"""Wires the modules into one command: verify, seal, launch, probe, exporter, rules, router, control, swap,
+release-check, api-key, status."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Sequence
@@ -14,8 +16,20 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ironserve_service import artifacts, control, exporter, health, launcher, quality, router, slo, swap
-from ironserve_service.settings import ServiceSettings, load_settings
+from ironserve_service import (
+    artifacts,
+    control,
+    exporter,
+    health,
+    launcher,
+    quality,
+    release,
+    router,
+    serving,
+    slo,
+    swap,
+)
+from ironserve_service.settings import COLOURS, ServiceSettings, load_settings
 
 DEFAULT_CONFIG = Path("/etc/ironserve/service.yaml")
 
@@ -65,10 +79,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_exporter(args: argparse.Namespace) -> int:
     settings = _settings(args.config)
     logging.basicConfig(level=logging.INFO)
-    registry = exporter.build_registry(settings.exporter)
+    registry = exporter.build_registry(settings)
     metrics = quality.QualityMetrics(registry, settings.quality)
     embedder = quality.sentence_bert if settings.quality.semantic_scorer == "sentence-bert" else lambda: None
-    scorer = quality.QualityScorer(settings.quality, settings.engine, metrics, embedder)
+    scorer = quality.QualityScorer(settings, metrics, embedder)
     quality.start_quality(scorer)
     exporter.serve(settings.exporter, registry)
     print(f"exporter on {settings.exporter.host}:{settings.exporter.port}, mirror sink on "
@@ -96,6 +110,50 @@ def cmd_swap(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_release_check(args: argparse.Namespace) -> int:
+    settings = _settings(args.config)
+    colour = args.colour or serving.serving_engine(settings).colour
+    if colour is None:
+        print("no colour is served here: name one with --colour", file=sys.stderr)
+        return 2
+    results = release.run_checks(release.Candidate(settings, colour))
+    print(release.report_json(results))
+    if release.failed(results):
+        print(f"FAILED release-check on {colour}: {release.summary(results)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_api_key(args: argparse.Namespace) -> int:
+    path = _settings(args.config).swap.api_keys_file
+    if path is None:
+        raise SystemExit(f"swap.api_keys_file is not set in {args.config}: this service asks for no key")
+    try:
+        pairs = router.read_api_keys(path) if path.exists() else []
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    clients = [client for client, _ in pairs]
+    if args.action == "list":
+        print("\n".join(clients))
+        return 0
+    if not router.API_KEY_LINE.match(f"{args.client} {'k' * 32}"):
+        raise SystemExit(f"client {args.client!r}: 1-64 of A-Z a-z 0-9 _ . -")
+    if args.action == "remove":
+        if args.client not in clients:
+            raise SystemExit(f"no key for {args.client} in {path}")
+        router.write_api_keys(path, [(c, k) for c, k in pairs if c != args.client])
+        print(f"removed {args.client}; Envoy refuses its key within seconds (the control loop re-reads {path})")
+        return 0
+    if args.client in clients:
+        raise SystemExit(f"{args.client} already has a key in {path}: remove it first to rotate")
+    key = secrets.token_urlsafe(32)
+    router.write_api_keys(path, [*pairs, (args.client, key)])
+    # Shown once, here, to the admin on the host; --quiet (the deploy) shows nothing.
+    if not args.quiet:
+        print(key)
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     status = swap.serving_status(_settings(args.config))
     print(json.dumps(status, sort_keys=True))
@@ -107,9 +165,10 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_router(args: argparse.Namespace) -> int:
-    settings = _settings(args.config).swap
+    service = _settings(args.config)
+    settings = service.swap
     bootstrap = settings.router_dir / "bootstrap.json"
-    router.write_initial(settings, bootstrap)
+    router.write_initial(settings, bootstrap, service.quality)
     if args.write_only:
         print(f"wrote {bootstrap}, {settings.router_dir / router.CDS_FILE}, {settings.router_dir / router.RDS_FILE}")
         return 0
@@ -151,6 +210,20 @@ def parser() -> argparse.ArgumentParser:
     swap_command.add_argument("version")
     swap_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     swap_command.set_defaults(handler=cmd_swap)
+
+    release_command = commands.add_parser(
+        "release-check", help="JSON: the 12-item release checklist on a colour (exit 1 naming every failed check)"
+    )
+    release_command.add_argument("--colour", choices=COLOURS, help="the colour to check (default: the one served)")
+    release_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    release_command.set_defaults(handler=cmd_release_check)
+
+    key_command = commands.add_parser("api-key", help="add (prints the new key once), remove or list API clients")
+    key_command.add_argument("action", choices=["add", "remove", "list"])
+    key_command.add_argument("client", nargs="?", default="default")
+    key_command.add_argument("--quiet", action="store_true", help="add without printing the key")
+    key_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    key_command.set_defaults(handler=cmd_api_key)
 
     status_command = commands.add_parser("status", help="JSON: active version, colour, ready (exit 0 when ready)")
     status_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)

@@ -205,7 +205,8 @@ class Controller:
         self.values: dict[str, str] = {}
         self.stopped = threading.Event()
         self.route_revision, self.colour, self.version = router.current_route(self.swap)
-        self.settings_applied = False
+        self.keys: list[tuple[str, str]] = []
+        self.keys_shown: str | None = None
 
     def apply(self, revision: int) -> None:
         colour, version = desired(self.swap, self.values)
@@ -221,25 +222,45 @@ class Controller:
         if not result.ok:
             self.log(f"refusing switch to {colour}/{version}: {result.reason}; keeping {self.colour}/{self.version}")
             return
-        router.write_atomic(self.swap.router_dir / router.RDS_FILE, router.routes(self.swap, colour, version, revision))
+        path = self.swap.router_dir / router.RDS_FILE
+        router.write_atomic(path, router.routes(self.swap, colour, version, revision, self.settings.quality,
+                                                self.api_keys()))  # fmt: skip
         self.log(f"route -> {colour}/{version} (etcd revision {revision})")
         self.route_revision, self.colour, self.version = revision, colour, version
-        self.settings_applied = True
+
+    def api_keys(self) -> list[tuple[str, str]]:
+        """The keys file now: none when it is absent (every API request 401), the last good keys when it is
+        malformed (a botched edit locks nobody out). Each change of state is logged once, never a key."""
+        path = self.swap.api_keys_file
+        if path is None:
+            return []
+        problem = None
+        try:
+            self.keys = router.read_api_keys(path)
+        except FileNotFoundError:
+            self.keys, problem = [], f"{path} absent: every API request is refused (401)"
+        except (OSError, ValueError) as error:
+            problem = f"{error}; keeping the previous {len(self.keys)} keys"
+        shown = problem or f"{len(self.keys)} API keys from {path}"
+        if shown != self.keys_shown:
+            self.log(shown)
+            self.keys_shown = shown
+        return self.keys
 
     def apply_settings(self) -> None:
-        """Once per start: re-render the route the colour already serves, so a settings change (e.g.
-        swap.routing, applied by restarting this loop) reaches Envoy without a switch. Prod traffic keeps
-        its target, so no readiness check is needed; an unchanged route is not rewritten."""
-        if self.settings_applied or self.colour is None:
+        """Re-render the route the colour already serves when the settings (e.g. swap.routing, applied by
+        restarting this loop) or the API keys changed, so that they reach Envoy without a switch. Prod traffic
+        keeps its target, so no readiness check is needed; an unchanged route is not rewritten."""
+        if self.colour is None:
             return
-        self.settings_applied = True
         path = self.swap.router_dir / router.RDS_FILE
-        wanted = router.routes(self.swap, self.colour, self.version, self.route_revision)  # type: ignore[arg-type]
+        wanted = router.routes(self.swap, self.colour, self.version, self.route_revision,  # type: ignore[arg-type]
+                               self.settings.quality, self.api_keys())  # fmt: skip
         with contextlib.suppress(OSError, ValueError):
             if json.loads(path.read_text(encoding="utf-8")) == wanted:
                 return
         router.write_atomic(path, wanted)
-        self.log(f"route re-rendered for the current settings ({self.colour}/{self.version})")
+        self.log(f"route re-rendered for the current settings and keys ({self.colour}/{self.version})")
 
     def run_once(self, idle_s: float = 5.0) -> None:
         """Resynchronise from a full read, then follow the watch until it ends (raises on etcd trouble)."""

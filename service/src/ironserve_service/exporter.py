@@ -16,7 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from ironserve_service.settings import ExporterSettings
+from ironserve_service.serving import serving_engine
+from ironserve_service.settings import ExporterSettings, ServiceSettings
 
 # Today's vLLM names first, then the V0 names the exporter still understands.
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -146,16 +147,28 @@ class HardwareCollector(Collector):
 
 
 class FrameworkCollector(Collector):
-    """Re-reads vLLM's /metrics under stable names, whatever vLLM version produced them."""
+    """Re-reads the serving engine's /metrics under stable names, whatever vLLM version produced them.
 
-    def __init__(self, settings: ExporterSettings) -> None:
-        self.url = str(settings.vllm_metrics_url)
-        self.timeout_s = settings.scrape_timeout_s
+    The engine is resolved at every scrape (serving.py), so after a swap the figures are the new colour's.
+    """
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.timeout_s = settings.exporter.scrape_timeout_s
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("ironserve_vllm_up", "1 when vLLM's /metrics answered")
+        engine = serving_engine(self.settings)
+        serving = GaugeMetricFamily(
+            "ironserve_serving_colour_info", "The colour and version Envoy routes to", labels=["colour", "version"]
+        )
+        if engine.colour is not None:
+            serving.add_metric([engine.colour, engine.version or ""], 1.0)
+        yield serving
+        up = GaugeMetricFamily("ironserve_vllm_up", "1 when the serving engine's /metrics answered")
         try:
-            reading = parse_vllm_metrics(fetch_text(self.url, self.timeout_s))
+            if engine.base_url is None:
+                raise ValueError("the route serves no engine")
+            reading = parse_vllm_metrics(fetch_text(f"{engine.base_url}/metrics", self.timeout_s))
         except (OSError, ValueError):
             up.add_metric([], 0.0)
             yield up
@@ -197,10 +210,11 @@ def cost_per_token(usd_per_hour: float, tokens_per_second: float) -> float | Non
     return usd_per_hour / 3600.0 / tokens_per_second
 
 
-def build_registry(settings: ExporterSettings, extra: Iterable[Collector] = ()) -> CollectorRegistry:
+def build_registry(settings: ServiceSettings, extra: Iterable[Collector] = ()) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    collectors: list[Collector] = [HardwareCollector(settings.max_gpus), FrameworkCollector(settings)]
-    for collector in [*collectors, CostCollector(settings), *extra]:
+    exporter = settings.exporter
+    collectors = [HardwareCollector(exporter.max_gpus), FrameworkCollector(settings), CostCollector(exporter)]
+    for collector in [*collectors, *extra]:
         registry.register(collector)
     return registry
 

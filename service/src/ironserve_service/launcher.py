@@ -20,10 +20,17 @@ from ironserve_service.settings import ServiceSettings, SloSettings
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 
 
-def latency_buckets(slo: SloSettings) -> list[float]:
-    """vLLM's request-latency buckets, with boundaries exactly at the SLO thresholds for histogram_quantile."""
-    base = {0.05, 0.1, 0.2, 0.3, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0}
-    return sorted(base | {slo.p95_latency_s, slo.paging_latency_s})
+def latency_buckets(slo: SloSettings) -> dict[str, list[float]]:
+    """vLLM's latency histograms' buckets, with boundaries exactly at the SLO thresholds (and twice them, for
+    the fast-window page) so that histogram_quantile is exact there; the rest follows vLLM's own spacing."""
+    request = {0.05, 0.1, 0.2, 0.3, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0}
+    first_token = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0}
+    per_token = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0}
+    return {
+        "request_latency": sorted(request | {slo.paging_latency_s}),
+        "time_to_first_token": sorted(first_token | {slo.ttft_p95_s, 2 * slo.ttft_p95_s}),
+        "inter_token_latency": sorted(per_token | {slo.tpot_p95_s, 2 * slo.tpot_p95_s}),
+    }
 
 
 def build_command(settings: ServiceSettings, python: Path) -> list[str]:
@@ -39,7 +46,7 @@ def build_command(settings: ServiceSettings, python: Path) -> list[str]:
         "--max-num-seqs", str(engine.max_num_seqs),
         "--tensor-parallel-size", str(engine.tensor_parallel_size),
         "--dtype", engine.dtype,
-        "--custom-histogram-buckets", json.dumps({"request_latency": latency_buckets(settings.slo)}),
+        "--custom-histogram-buckets", json.dumps(latency_buckets(settings.slo)),
     ]  # fmt: skip
     if engine.cudagraph_capture_sizes:
         command += ["--cudagraph-capture-sizes", *map(str, engine.cudagraph_capture_sizes)]

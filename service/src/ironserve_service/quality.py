@@ -2,8 +2,8 @@
 
 The ingress mirrors a fraction of chat requests here (fire-and-forget; the client never waits on
 this process). The sink answers 202 at once and queues the request; a worker thread replays it
-against vLLM with logprobs on and scores the answer. A full queue drops the sample and counts it,
-so scoring can lag but never back-pressures serving.
+against the engine that serves traffic at that moment (serving.py), with logprobs on, and scores the
+answer. A full queue drops the sample and counts it, so scoring can lag but never back-pressures serving.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ironserve_service.health import http_json
-from ironserve_service.settings import EngineSettings, QualitySettings
+from ironserve_service.serving import serving_engine
+from ironserve_service.settings import QualitySettings, ServiceSettings
 
 LOG = logging.getLogger(__name__)
 # vLLM (and OpenAI) report -9999.0 for tokens whose logprob is unavailable; they are not model output.
@@ -94,17 +95,16 @@ class QualityMetrics:
 class QualityScorer:
     def __init__(
         self,
-        settings: QualitySettings,
-        engine: EngineSettings,
+        service: ServiceSettings,
         metrics: QualityMetrics,
         embedder: Callable[[], Embedder | None],
     ) -> None:
-        self.settings = settings
-        self.engine = engine
+        self.service = service
+        self.settings = service.quality
         self.metrics = metrics
         self.embedder_factory = embedder
         self.embedder: Embedder | None = None
-        self.pending: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=settings.queue_size)
+        self.pending: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=self.settings.queue_size)
 
     def offer(self, request: dict[str, Any]) -> bool:
         try:
@@ -127,14 +127,18 @@ class QualityScorer:
 
     def score(self, request: dict[str, Any]) -> None:
         query = last_user_message(request)
+        engine = serving_engine(self.service)
+        if engine.base_url is None:
+            self.metrics.errors.inc()
+            return
         replay = {
-            "model": self.engine.served_model_name,
+            "model": self.service.engine.served_model_name,
             "messages": request.get("messages") or [],
             "max_tokens": min(int(request.get("max_tokens") or self.settings.max_tokens), self.settings.max_tokens),
             "logprobs": True,
             "stream": False,
         }
-        status, body = http_json(f"{self.engine.base_url}/v1/chat/completions", 60.0, replay)
+        status, body = http_json(f"{engine.base_url}/v1/chat/completions", 60.0, replay)
         if status != 200 or not body:
             self.metrics.errors.inc()
             return

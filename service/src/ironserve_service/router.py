@@ -21,10 +21,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from ironserve_service.settings import COLOURS, Colour, RoutingSettings, SwapSettings
+from ironserve_service.settings import COLOURS, Colour, QualitySettings, RoutingSettings, SwapSettings
 
 ROUTE_CONFIG_NAME = "ironserve"
 COLOUR_HEADER = "x-ironserve-colour"
@@ -41,10 +42,23 @@ CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 UPSTREAM_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+API_KEY_FILTER = "envoy.filters.http.api_key_auth"
+API_KEY_TYPE = "type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth"
+API_KEY_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuthPerRoute"
+FILTER_CONFIG_TYPE = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
+# A client name and a key: what curl or the OpenAI SDK can send in a header, long enough not to be guessed.
+API_KEY_LINE = re.compile(r"^(?P<client>[A-Za-z0-9_.-]{1,64})\s+(?P<key>[A-Za-z0-9._~+/=-]{32,256})$")
 UPSTREAM_IDLE_TIMEOUT_S = 4
 # Retried only when the upstream connection fails or resets before any response header (Envoy never
 # retries once headers went downstream): the client has received nothing, so a retry cannot duplicate output.
 RETRY_POLICY = {"retry_on": "connect-failure,reset,refused-stream", "num_retries": 2}
+# The OpenAI routes the service offers, matched exactly: any other path (vLLM's management endpoints such as
+# /v1/load_lora_adapter, which an engine flag can open) is 404 at Envoy and never reaches an engine.
+API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+HEALTH_PATH = "/health"
+CHAT_PATH = "/v1/chat/completions"
+# The quality sink (quality.py) receives a sampled copy of prod chat requests; Envoy never waits for it.
+MIRROR_CLUSTER = "quality"
 
 JSON = dict[str, Any]
 
@@ -72,7 +86,10 @@ def bootstrap(settings: SwapSettings) -> JSON:
         "stream_idle_timeout": f"{settings.stream_idle_timeout_s}s",
         "rds": {"route_config_name": ROUTE_CONFIG_NAME, "config_source": _file_source(settings, RDS_FILE)},
         # No buffer filter: responses (SSE token streams) are forwarded as they arrive.
-        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}}],
+        "http_filters": [
+            *_key_filter(settings),
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}},
+        ],
     }
     return {
         "node": {"id": f"ironserve-{settings.model_name}", "cluster": "ironserve"},
@@ -92,6 +109,57 @@ def bootstrap(settings: SwapSettings) -> JSON:
         },
         "dynamic_resources": {"cds_config": _file_source(settings, CDS_FILE)},
     }
+
+
+def _key_filter(settings: SwapSettings) -> list[JSON]:
+    """With api_keys_file, every request needs a key: the listener's own list is empty (deny by default) and
+    each API route brings the current keys (routes()), so a rotation is a route-file rename, like a switch."""
+    if settings.api_keys_file is None:
+        return []
+    config = {"@type": API_KEY_TYPE, "credentials": [], "key_sources": [{"header": "authorization"}]}
+    return [{"name": API_KEY_FILTER, "typed_config": config}]
+
+
+def read_api_keys(path: Path) -> list[tuple[str, str]]:
+    """(client, key) pairs of the keys file; ValueError naming the line (never the key) when one is malformed."""
+    pairs: list[tuple[str, str]] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        match = API_KEY_LINE.match(text)
+        if match is None:
+            raise ValueError(
+                f"{path} line {number}: not '<client> <key>' (a key is 32-256 of A-Z a-z 0-9 . _ ~ + / = -)"
+            )
+        pairs.append((match["client"], match["key"]))
+    clients, keys = [c for c, _ in pairs], [k for _, k in pairs]
+    if len(set(clients)) != len(clients) or len(set(keys)) != len(keys):
+        raise ValueError(f"{path}: a client or a key appears twice")
+    return pairs
+
+
+def write_api_keys(path: Path, pairs: list[tuple[str, str]]) -> None:
+    """Replace the keys file by rename (the control loop never reads half of it), mode 0640, group kept."""
+    group = path.stat().st_gid if path.exists() else -1
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staging.unlink(missing_ok=True)
+    with os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640), "w", encoding="utf-8") as handle:
+        handle.write("# <client> <key>, one per line; `ironserve-service api-key add|remove|list`\n")
+        handle.writelines(f"{client} {key}\n" for client, key in pairs)
+    os.chown(staging, -1, group)
+    os.replace(staging, path)
+
+
+def _with_keys(served: list[JSON], api_keys: list[tuple[str, str]]) -> list[JSON]:
+    """Every route asks for one of the keys (an unknown path answers 404 only to a client with one); /health
+    stays open (readiness only, no model access)."""
+    credentials = [{"client": client, "key": key} for client, key in api_keys]
+    keyed = {API_KEY_FILTER: {"@type": API_KEY_ROUTE_TYPE, "credentials": credentials}}
+    open_route = {API_KEY_FILTER: {"@type": FILTER_CONFIG_TYPE, "disabled": True}}
+    return [
+        {**r, "typed_per_filter_config": open_route if r["match"].get("path") == HEALTH_PATH else keyed} for r in served
+    ]
 
 
 def _endpoint(host: str, port: int) -> JSON:
@@ -139,12 +207,14 @@ def _colours(routing: RoutingSettings) -> dict[str, list[str]]:
     return {name: backends for name, backends in ((STAGING, routing.staging), (CANARY, routing.canary)) if backends}
 
 
-def clusters(settings: SwapSettings) -> JSON:
-    """blue and green (one local engine each), plus staging and canary when configured."""
+def clusters(settings: SwapSettings, quality: QualitySettings | None = None) -> JSON:
+    """blue and green (one local engine each), staging and canary when configured, the quality sink when mirrored."""
     extra = [
         upstream_cluster(name, [RoutingSettings.address(b) for b in backends])
         for name, backends in _colours(settings.routing).items()
     ]
+    if quality is not None and quality.mirror_percent > 0:
+        extra.append(upstream_cluster(MIRROR_CLUSTER, [(quality.mirror_host, quality.mirror_port)]))
     return {"version_info": "1", "resources": [*(cluster(c, settings.port(c)) for c in COLOURS), *extra]}
 
 
@@ -200,27 +270,47 @@ def _x_env_routes(settings: SwapSettings, colour: Colour, matches: list[JSON], p
     return served
 
 
-def routes(settings: SwapSettings, colour: Colour | None, version: str | None, revision: int) -> JSON:
-    """Only /v1/* and /health reach the active colour; everything else (vLLM's dev endpoints, /metrics) is 404.
+def mirror_policies(quality: QualitySettings | None) -> list[JSON]:
+    """A copy of quality.mirror_percent of the requests to the sink, sampled by Envoy per request."""
+    if quality is None or quality.mirror_percent <= 0:
+        return []
+    share = {"numerator": round(quality.mirror_percent * 10_000), "denominator": "MILLION"}
+    return [{"cluster": MIRROR_CLUSTER, "runtime_fraction": {"default_value": share}}]
+
+
+def routes(
+    settings: SwapSettings,
+    colour: Colour | None,
+    version: str | None,
+    revision: int,
+    quality: QualitySettings | None = None,
+    api_keys: list[tuple[str, str]] | None = None,
+) -> JSON:
+    """Only the OpenAI API paths and /health reach the active colour; everything else is 404.
 
     X-Env: staging / canary (when configured) go to the staging cluster / the canary-vs-`colour` split on the
-    same two paths. colour None: no model is active yet, every request gets 503 (X-Env included).
+    same paths. colour None: no model is active yet, every served path gets 503 (X-Env included). With
+    `quality`, prod chat requests are mirrored to the quality sink (staging and canary are not: their answers
+    would be scored as prod's). With `settings.api_keys_file`, the API routes accept only `api_keys`.
     """
+    matches: list[JSON] = [{"path": path} for path in (*API_PATHS, HEALTH_PATH)]
     if colour is None:
-        served: list[JSON] = [
-            {"match": {"prefix": "/v1/"}, "direct_response": {"status": 503, "body": {"inline_string": "no model"}}},
-            {"match": {"path": "/health"}, "direct_response": {"status": 503}},
-        ]
+        no_model = {"status": 503, "body": {"inline_string": "no model"}}
+        served: list[JSON] = [{"match": match, "direct_response": no_model} for match in matches]
     else:
         # timeout 0s: no route timeout, streams are bounded by the connection manager's idle timeout.
         action = {"cluster": colour, "timeout": "0s", "retry_policy": RETRY_POLICY}
-        matches: list[JSON] = [{"prefix": "/v1/"}, {"path": "/health"}]
+        mirrored = {**action, "request_mirror_policies": mirror_policies(quality)}
         headers = _headers(colour, f"{settings.model_name}-{version}:{settings.port(colour)}")
-        served = [
-            *_x_env_routes(settings, colour, matches, headers),
-            *({"match": m, "route": action, "response_headers_to_add": headers} for m in matches),
-        ]
-    refused = {"match": {"prefix": "/"}, "direct_response": {"status": 404}}
+
+        def prod(match: JSON) -> JSON:
+            chat = match["path"] == CHAT_PATH and mirrored["request_mirror_policies"]
+            return {"match": match, "route": mirrored if chat else action, "response_headers_to_add": headers}
+
+        served = [*_x_env_routes(settings, colour, matches, headers), *map(prod, matches)]
+    served.append({"match": {"prefix": "/"}, "direct_response": {"status": 404}})
+    if settings.api_keys_file is not None:
+        served = _with_keys(served, api_keys or [])
     return {
         "version_info": route_version(colour, version, revision),
         "resources": [
@@ -231,7 +321,7 @@ def routes(settings: SwapSettings, colour: Colour | None, version: str | None, r
                     {
                         "name": settings.model_name,
                         "domains": ["*"],
-                        "routes": [*served, refused],
+                        "routes": served,
                     }
                 ],
             }
@@ -240,17 +330,21 @@ def routes(settings: SwapSettings, colour: Colour | None, version: str | None, r
 
 
 def write_atomic(path: Path, document: JSON) -> None:
-    """Write beside the target, then rename into the watched directory: Envoy never reads half a file."""
+    """Write beside the target, then rename into the watched directory: Envoy never reads half a file.
+
+    Mode 0640: the route file carries the API keys; Envoy runs as the owner or in the group."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    staging.write_text(json.dumps(document, indent=1), encoding="utf-8")
+    staging.unlink(missing_ok=True)
+    with os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640), "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(document, indent=1))
     os.replace(staging, path)
 
 
-def write_initial(settings: SwapSettings, bootstrap_path: Path) -> None:
+def write_initial(settings: SwapSettings, bootstrap_path: Path, quality: QualitySettings | None = None) -> None:
     """Bootstrap and clusters; a route file only when none exists (the last good route is kept)."""
     write_atomic(bootstrap_path, bootstrap(settings))
-    write_atomic(settings.router_dir / CDS_FILE, clusters(settings))
+    write_atomic(settings.router_dir / CDS_FILE, clusters(settings, quality))
     if not (settings.router_dir / RDS_FILE).exists():
         write_atomic(settings.router_dir / RDS_FILE, routes(settings, None, None, 0))
 

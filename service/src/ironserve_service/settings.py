@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -73,6 +73,10 @@ class QualitySettings(_Strict):
 
     mirror_host: str = "127.0.0.1"
     mirror_port: int = Field(default=9401, ge=1, le=65535)
+    # Share of prod chat requests Envoy copies to the sink (e.g. 2). Each copy is replayed once against the
+    # serving engine with logprobs, so mirroring costs this share of its capacity. Off by default: under the
+    # hardened engine unit, vLLM 0.32's first logprobs request killed its engine in the lab (README).
+    mirror_percent: float = Field(default=0.0, ge=0, le=100)
     queue_size: int = Field(default=64, gt=0)
     logprob_std_normal_max: float = 0.8
     logprob_std_alert: float = 2.5
@@ -84,7 +88,6 @@ class QualitySettings(_Strict):
 class ExporterSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=9400, ge=1, le=65535)
-    vllm_metrics_url: HttpUrl = HttpUrl("http://127.0.0.1:8000/metrics")
     scrape_timeout_s: float = Field(default=2.0, gt=0)
     max_gpus: int = Field(default=8, gt=0)
     gpu_hour_usd: float = Field(default=0.85, ge=0)
@@ -93,7 +96,14 @@ class ExporterSettings(_Strict):
 
 class SloSettings(_Strict):
     latency_metric: str = "http_request_duration_seconds"
-    p95_latency_s: float = 0.4
+    # slo-p95-latency's 400 ms, applied to what a user waits before the answer starts (time to first token):
+    # on total request latency it would page on every long answer.
+    ttft_p95_s: float = Field(default=0.4, gt=0)
+    # Time per output token once streaming: 200 ms is the TPOT bound of MLPerf Inference's Llama 2 70B server
+    # scenario (MLCommons, v4.0 rules), above human reading speed.
+    tpot_p95_s: float = Field(default=0.2, gt=0)
+    # How long the serving engine or the exporter may be unreachable before it pages.
+    target_down_for: str = "1m"
     paging_latency_s: float = 0.5
     paging_fast_ratio: float = 0.999
     paging_error_ratio: float = 0.001
@@ -112,6 +122,31 @@ class SloSettings(_Strict):
     # Mirrored samples are sparse; a longer window keeps the success rate from flapping.
     quality_window: str = "30m"
     job: str = "ironserve"
+
+
+class ReleaseSettings(_Strict):
+    """The release gate (`release-check`, and `swap` before its etcd write): release-check-01..12 thresholds."""
+
+    # False only on a host without a GPU (a CPU engine): the GPU items then skip, naming this setting.
+    require_gpu: bool = True
+    # release-check-01: used share of each GPU's memory, the retiring colour's processes not counted.
+    gpu_memory_max_ratio: float = Field(default=0.85, gt=0, le=1)
+    # release-check-02 / io-runtime-disk-free: containerd's root (the seed's /var/lib/docker); None: no runtime.
+    runtime_storage: Path | None = Path("/var/lib/containerd")
+    runtime_min_free_ratio: float = Field(default=0.20, ge=0, lt=1)
+    # release-check-07: the runtime whose journal tail must hold no error; None: no runtime on this host.
+    runtime_unit: str | None = "containerd.service"
+    journal_lines: int = Field(default=20, gt=0)
+    # release-check-06: open TCP connections on the listener and on the candidate's engine port, each.
+    max_connections: int = Field(default=1000, gt=0)
+    # release-check-08: the kernel's default ephemeral range (a narrowed one blocked new pods in the seed).
+    port_range: str = Field(default="32768 60999", pattern=r"^[0-9]{1,5} [0-9]{1,5}$")
+    # release-check-09: the service account's group, exactly one entry in the group database.
+    service_group: str = Field(default="ai-runner", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    # release-check-10: the NVIDIA device nodes an engine opens.
+    device_nodes: list[Path] = Field(
+        default_factory=lambda: [Path("/dev/nvidia0"), Path("/dev/nvidiactl"), Path("/dev/nvidia-uvm")]
+    )
 
 
 Colour = Literal["blue", "green"]
@@ -180,6 +215,10 @@ class SwapSettings(_Strict):
     green_port: int = Field(default=8001, ge=1, le=65535)
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(default=8080, ge=1, le=65535)
+    # API keys Envoy checks (`Authorization: Bearer <key>`) on the OpenAI routes before any engine sees the
+    # request: one "<client> <key>" per line, a file on the host readable by the service account only, re-read
+    # by the control loop so that a rotation needs no restart. None: no key is asked (a test stack).
+    api_keys_file: Path | None = None
     # The admin interface always binds 127.0.0.1; only the port is configurable.
     admin_port: int = Field(default=9901, ge=1, le=65535)
     stream_idle_timeout_s: int = Field(default=300, gt=0)
@@ -204,6 +243,12 @@ class SwapSettings(_Strict):
         if len(set(ports)) != len(ports):
             raise ValueError(f"blue, green, listener and admin ports must differ: {ports}")
         return self
+
+    @property
+    def listener_url(self) -> str:
+        """Where a process on this host reaches Envoy's listener (loopback when it listens on every interface)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.listen_host, self.listen_host)
+        return f"http://[{host}]:{self.listen_port}" if ":" in host else f"http://{host}:{self.listen_port}"
 
     @property
     def key_prefix(self) -> str:
@@ -233,6 +278,7 @@ class ServiceSettings(_Strict):
     quality: QualitySettings = QualitySettings()
     slo: SloSettings = SloSettings()
     swap: SwapSettings = SwapSettings()
+    release: ReleaseSettings = ReleaseSettings()
 
 
 def load_settings(path: Path) -> ServiceSettings:

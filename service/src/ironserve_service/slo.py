@@ -1,7 +1,9 @@
 """Prometheus recording and alerting rules compiled from the typed SLO settings.
 
 Latency is judged by quantiles of histograms whose buckets include the SLO boundaries (the
-launcher configures vLLM so), never by averages. There are no generic resource alerts.
+launcher configures vLLM so), never by averages. The latency SLO is on time to first token and time
+per output token, which do not grow with the answer's length; end-to-end latency is recorded for
+dashboards and pages only together with errors (the 003 rule). There are no generic resource alerts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import yaml
 from ironserve_service.settings import QualitySettings, SloSettings
 
 LATENCY_HISTOGRAM = "vllm:e2e_request_latency_seconds"
+FIRST_TOKEN_HISTOGRAM = "vllm:time_to_first_token_seconds"
+# vLLM's V1 engine calls the per-token histogram inter_token_latency; V0 (vllm 0.6) time_per_output_token.
+PER_TOKEN_BUCKETS = '{__name__=~"vllm:(inter_token_latency|time_per_output_token)_seconds_bucket"}'
 
 
 def _rule(record: str, expr: str) -> dict[str, str]:
@@ -29,13 +34,20 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str) -> 
     }
 
 
-def recording_rules(slo: SloSettings) -> list[dict[str, str]]:
-    def p95(window: str) -> str:
-        return f"histogram_quantile(0.95, sum by (job, le) (rate({LATENCY_HISTOGRAM}_bucket[{window}])))"
+def _p95(buckets: str, window: str) -> str:
+    return f"histogram_quantile(0.95, sum by (job, le) (rate({buckets}[{window}])))"
 
+
+def recording_rules(slo: SloSettings) -> list[dict[str, str]]:
+    first_token = f"{FIRST_TOKEN_HISTOGRAM}_bucket"
     return [
-        _rule(f"ironserve:request_latency_seconds:p95_{slo.slo_window}", p95(slo.slo_window)),
-        _rule(f"ironserve:request_latency_seconds:p95_{slo.fast_window}", p95(slo.fast_window)),
+        _rule(
+            f"ironserve:request_latency_seconds:p95_{slo.slo_window}",
+            _p95(f"{LATENCY_HISTOGRAM}_bucket", slo.slo_window),
+        ),
+        _rule(f"ironserve:time_to_first_token_seconds:p95_{slo.slo_window}", _p95(first_token, slo.slo_window)),
+        _rule(f"ironserve:time_to_first_token_seconds:p95_{slo.fast_window}", _p95(first_token, slo.fast_window)),
+        _rule(f"ironserve:time_per_output_token_seconds:p95_{slo.slo_window}", _p95(PER_TOKEN_BUCKETS, slo.slo_window)),
         _rule(
             "semantic_success_rate",
             f"sum by (job) (rate(semantic_success_total[{slo.quality_window}]))"
@@ -62,14 +74,29 @@ def alerting_rules(slo: SloSettings, quality: QualitySettings) -> list[dict[str,
     errors = 'rate(http_requests_total{status=~"5.."}[5m])'
     return [
         _alert(
-            "LatencyP95AboveSLO",
-            f"ironserve:request_latency_seconds:p95_{slo.slo_window} > {slo.p95_latency_s}",
-            slo.slo_window, "ticket", f"P95 request latency above {slo.p95_latency_s * 1000:.0f} ms",
+            "TimeToFirstTokenP95AboveSLO",
+            f"ironserve:time_to_first_token_seconds:p95_{slo.slo_window} > {slo.ttft_p95_s}",
+            slo.slo_window, "ticket", f"P95 time to first token above {slo.ttft_p95_s * 1000:.0f} ms",
         ),
         _alert(
-            "LatencyP95AboveSLOFast",
-            f"ironserve:request_latency_seconds:p95_{slo.fast_window} > {2 * slo.p95_latency_s}",
-            slo.fast_window, "page", f"P95 request latency above twice the SLO over {slo.fast_window}",
+            "TimeToFirstTokenP95AboveSLOFast",
+            f"ironserve:time_to_first_token_seconds:p95_{slo.fast_window} > {2 * slo.ttft_p95_s}",
+            slo.fast_window, "page", f"P95 time to first token above twice the SLO over {slo.fast_window}",
+        ),
+        _alert(
+            "TimePerOutputTokenP95AboveSLO",
+            f"ironserve:time_per_output_token_seconds:p95_{slo.slo_window} > {slo.tpot_p95_s}",
+            slo.slo_window, "ticket", f"P95 time per output token above {slo.tpot_p95_s * 1000:.0f} ms",
+        ),
+        _alert(
+            "ServingEngineDown",
+            "ironserve_vllm_up == 0",
+            slo.target_down_for, "page", "the engine Envoy routes to does not answer /metrics",
+        ),
+        _alert(
+            "ExporterDown",
+            f'up{{job="{slo.job}", component="exporter"}} == 0',
+            slo.target_down_for, "page", "the exporter does not answer: every SLO alert is blind",
         ),
         _alert(
             "LatencyTailAndErrors",

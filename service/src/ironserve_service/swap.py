@@ -1,6 +1,7 @@
 """`swap MODEL VERSION`: the blue/green protocol, each step a named gate.
 
-verify -> etcd (read state) -> start (idle colour, through the launcher) -> readiness -> compare-and-swap
+verify -> etcd (read state) -> start (idle colour, through the launcher) -> readiness -> release-check
+(the 12-item checklist of release.py on the new colour) -> compare-and-swap
 (the only write) -> route-switch (observed through Envoy) -> drain (old colour idle 10 s in Envoy's
 stats) -> stop (SIGTERM to the old launcher: its own drain path). A failure before the write leaves
 the key untouched and stops the new instance; traffic never moved. Rollback is a swap to the
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from ironserve_service import artifacts, router
+from ironserve_service import artifacts, release, router
 from ironserve_service.control import EnvoyAdmin, Etcd, EtcdError, check_colour, colour_readiness, desired
 from ironserve_service.health import marker_pid, pid_alive
 from ironserve_service.settings import COLOURS, Colour, ServiceSettings
@@ -43,6 +44,8 @@ class SwapResult:
     colour: Colour | None = None
     previous_colour: Colour | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # Wall clock of the etcd write (time.time()), to line the switch up with other processes' clocks.
+    written_at: float | None = None
 
 
 def other(colour: Colour) -> Colour:
@@ -142,7 +145,7 @@ def stop_colour(settings: ServiceSettings, colour: Colour) -> float:
 def served_colour(settings: ServiceSettings) -> str | None:
     """The colour Envoy routes a request to right now (response header of /health through the listener)."""
     swap = settings.swap
-    request = urllib.request.Request(f"http://127.0.0.1:{swap.listen_port}/health")
+    request = urllib.request.Request(f"{swap.listener_url}/health")
     try:
         with urllib.request.urlopen(request, timeout=2) as response:
             colour: str | None = response.headers.get(router.COLOUR_HEADER)
@@ -242,6 +245,17 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
             raise GateFailed("readiness", f"{new_colour}: {result.reason}")
         timings["ready_s"] = time.monotonic() - started
         log(f"OK readiness {new_colour}: {result.reason}")
+        old_pid = launcher_pid(settings, old_colour) if old_colour is not None else None
+        candidate = release.Candidate(settings, new_colour, release.process_tree(old_pid) if old_pid else frozenset())
+        checks = release.run_checks(candidate)
+        if release.failed(checks):
+            raise GateFailed("release-check", release.summary(checks))
+        timings["release_check_s"] = time.monotonic() - started - timings["ready_s"]
+        skipped = [c.name for c in checks if c.skipped]
+        log(
+            f"OK release-check {new_colour}: {len(checks) - len(skipped)} passed"
+            + (f", skipped by settings: {', '.join(skipped)}" if skipped else "")
+        )
         puts = {swap_settings.active_key: version, swap_settings.colour_key(new_colour): version}
         if old_colour is not None:
             # The old colour stops after the drain; it no longer names a version the route may follow.
@@ -256,7 +270,7 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
         stop_colour(settings, new_colour)
         return SwapResult(False, failure.gate, failure.reason + "; key untouched, new instance stopped", new_colour,
                           old_colour, timings)  # fmt: skip
-    written = time.monotonic()
+    written, written_at = time.monotonic(), time.time()
     log(f"OK compare-and-swap {swap_settings.active_key}: {previous} -> {version} (revision {revision})")
 
     # After the write the key is the truth; failures from here on are reported, never rolled back silently.
@@ -268,7 +282,7 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
         time.sleep(0.005)
     if not switched:
         reason = f"Envoy still not serving {new_colour} {swap_settings.switch_timeout_s}s after the write"
-        return SwapResult(False, "route-switch", reason, new_colour, old_colour, timings)
+        return SwapResult(False, "route-switch", reason, new_colour, old_colour, timings, written_at)
     timings["switch_s"] = time.monotonic() - written
     log(f"OK route-switch to {new_colour} in {timings['switch_s'] * 1000:.0f} ms")
 
@@ -279,8 +293,8 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
                                            swap_settings.poll_interval_s)  # fmt: skip
         except GateFailed as failure:
             return SwapResult(False, failure.gate, failure.reason + "; old instance left running", new_colour,
-                              old_colour, timings)  # fmt: skip
+                              old_colour, timings, written_at)  # fmt: skip
         timings["stop_s"] = stop_colour(settings, old_colour)
         log(f"OK drain {old_colour}: idle {swap_settings.drain_idle_s}s after {timings['drain_s']:.1f}s, "
             f"stopped in {timings['stop_s']:.1f}s")  # fmt: skip
-    return SwapResult(True, "done", f"{version} active on {new_colour}", new_colour, old_colour, timings)
+    return SwapResult(True, "done", f"{version} active on {new_colour}", new_colour, old_colour, timings, written_at)
