@@ -8,7 +8,8 @@ SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, no
 - switch latency: the etcd compare-and-swap write -> the first request answered through Envoy by the new
   colour (`swap` polls /health through Envoy every 5 ms), split into the control loop (write -> its
   rename of rds.json, which includes its /health re-check of the new colour), Envoy (rename -> the new
-  route_version in its admin, polled every 5 ms) and the first answer (-> a response from the new colour).
+  route_version in its admin, polled every 5 ms) and the first answer (-> a response from the new colour);
+  the split is good to about the 5 ms poll, so a first answer can read a few ms below zero.
 - Envoy's added latency: the same requests sent alternately to vLLM directly and through Envoy, no load;
   and vLLM's own `vllm bench serve` (random 16-token prompts, 8 output tokens) against the engine and
   through Envoy, side by side.
@@ -94,17 +95,17 @@ class RouteWatch:
                 self.seen[version] = time.time()
             self.stopped.wait(0.005)
 
-    def applied_at(self, revision_suffix: str) -> float | None:
-        return next((t for v, t in self.seen.items() if v.endswith(revision_suffix)), None)
+    def applied_at(self, version: str) -> float | None:
+        return self.seen.get(version)
 
 
 def breakdown(stack: Stack, watch: RouteWatch, result: swap.SwapResult) -> tuple[float, float, float] | None:
     """(control loop, Envoy, first answer) in ms for one swap: write -> rename -> admin shows -> served."""
     if result.written_at is None or "switch_s" not in result.timings or result.colour is None:
         return None
-    _, colour, version = router.current_route(stack.settings.swap)
+    revision, colour, version = router.current_route(stack.settings.swap)
     renamed = (stack.settings.swap.router_dir / router.RDS_FILE).stat().st_mtime
-    applied = watch.applied_at(f":{colour}:{version}")
+    applied = watch.applied_at(router.route_version(colour, version, revision))  # type: ignore[arg-type]
     if applied is None:
         return None
     served = result.written_at + result.timings["switch_s"]
@@ -173,6 +174,7 @@ def main() -> None:
                 proxied.append(timed_get(stack.url("/v1/models")))
                 direct_chat.append(timed_chat(f"http://127.0.0.1:{direct_port}/v1/chat/completions"))
                 proxied_chat.append(timed_chat(stack.url("/v1/chat/completions")))
+            bench_serve(f"http://127.0.0.1:{direct_port}", 10)  # warm-up: the first run pays the engine's warm-up
             served_direct = bench_serve(f"http://127.0.0.1:{direct_port}", args.bench_prompts)
             served_envoy = bench_serve(stack.url(""), args.bench_prompts)
         finally:
