@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import sys
@@ -136,7 +137,7 @@ def cmd_api_key(args: argparse.Namespace) -> int:
     if args.action == "list":
         print("\n".join(clients))
         return 0
-    if not router.API_KEY_LINE.match(f"{args.client} {'k' * 32}"):
+    if not re.fullmatch(router.API_CLIENT, args.client):
         raise SystemExit(f"client {args.client!r}: 1-64 of A-Z a-z 0-9 _ . -")
     if args.action == "remove":
         if args.client not in clients:

@@ -176,10 +176,10 @@ def open_connections(port: int, tables: Iterable[Path] = TCP_TABLES) -> int:
 def connections(candidate: Candidate) -> CheckResult:
     limit = candidate.settings.release.max_connections
     swap = candidate.settings.swap
-    counted = {"listener": open_connections(swap.listen_port), "engine": open_connections(swap.port(candidate.colour))}
-    observed = ", ".join(f"{name} :{port} {counted[name]}" for name, port in
-                         (("listener", swap.listen_port), ("engine", swap.port(candidate.colour))))  # fmt: skip
-    return _result(6, "connections", all(n < limit for n in counted.values()), observed, f"fewer than {limit} each")
+    counted = [(name, port, open_connections(port))
+               for name, port in (("listener", swap.listen_port), ("engine", swap.port(candidate.colour)))]  # fmt: skip
+    observed = ", ".join(f"{name} :{port} {count}" for name, port, count in counted)
+    return _result(6, "connections", all(count < limit for *_, count in counted), observed, f"fewer than {limit} each")
 
 
 def error_lines(lines: Iterable[str]) -> list[str]:

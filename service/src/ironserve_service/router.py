@@ -47,7 +47,8 @@ API_KEY_TYPE = "type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v
 API_KEY_ROUTE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuthPerRoute"
 FILTER_CONFIG_TYPE = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
 # A client name and a key: what curl or the OpenAI SDK can send in a header, long enough not to be guessed.
-API_KEY_LINE = re.compile(r"^(?P<client>[A-Za-z0-9_.-]{1,64})\s+(?P<key>[A-Za-z0-9._~+/=-]{32,256})$")
+API_CLIENT = r"[A-Za-z0-9_.-]{1,64}"
+API_KEY_LINE = re.compile(rf"^(?P<client>{API_CLIENT})\s+(?P<key>[A-Za-z0-9._~+/=-]{{32,256}})$")
 UPSTREAM_IDLE_TIMEOUT_S = 4
 # Retried only when the upstream connection fails or resets before any response header (Envoy never
 # retries once headers went downstream): the client has received nothing, so a retry cannot duplicate output.
