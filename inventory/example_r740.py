@@ -44,5 +44,9 @@ gpu_servers = site(
         "inference_requirements": "site/requirements-cu118.lock",
         # A sealed model version (`ironserve-service seal DIR`) on this machine, uploaded to the hosts.
         "inference_model_source": "site/models/qwen2-7b/20260101-000000",
+        # Model versions on the NVMe drive mounted at /data: an unmounted drive stops the deploy instead of
+        # filling the system disk.
+        "security_model_dir": "/data/models",
+        "inference_model_store_mount": "/data",
     },
 )

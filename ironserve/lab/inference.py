@@ -72,4 +72,6 @@ def inventory_data() -> dict[str, Any]:
         "inference_model_source": str(model_versions()["lab-v1"]),
         "inference_engine_environment": ENGINE_ENVIRONMENT,
         "inference_service": SERVICE_OVERRIDES,
+        # A lab host's file system is a directory or a virtio disk of this machine, not NVMe.
+        "inference_model_store_nvme": False,
     }

@@ -28,6 +28,7 @@ from ironserve.validators import check_environment, systemd_quoted
 from roles.inference.operations import (
     api_keys_present,
     locked_environment,
+    model_store_ready,
     model_version_dir,
     runtime_dirs,
     service_package,
@@ -76,11 +77,17 @@ def _install_service(config: StackConfig) -> None:
     assert inference.requirements is not None and inference.pip_index_url is not None  # check_deployable
     venv = inference.venv
     installed(
-        name="Python venv, libnuma, etcd" + (", Prometheus" if inference.prometheus else ""),
+        name="Python venv and headers, C++ compiler, libnuma, etcd" + (", Prometheus" if inference.prometheus else ""),
         # libnuma1: vLLM's compiled ops link it (NUMA-aware CPU binding), on GPU and CPU builds alike.
-        packages=["python3-venv", "libnuma1", "etcd-server", *(["prometheus"] if inference.prometheus else [])],
+        # g++ and python3-dev: torch's Inductor compiles the kernels vLLM's torch.compile generates at run time
+        # (C++ on CPU, Triton's launcher stubs on GPU) against Python.h; without them the first request that needs
+        # a new kernel (logprobs: the sampler's batched_count_greater_than) kills the engine.
+        packages=[
+            "python3-venv", "python3-dev", "g++", "libnuma1", "etcd-server",
+            *(["prometheus"] if inference.prometheus else []),
+        ],
         recommends=False,
-    )
+    )  # fmt: skip
     frozen = config.clear_immutable
     owned_directory(name="ironserve's directory", path=str(Path(LOCK_PATH).parent), clear_immutable=frozen)
     owned_file(
@@ -239,6 +246,15 @@ def inference(config: StackConfig, run: HostRun) -> None:
     settings = config.inference.service_settings(config.security.model_dir, config.security.group)
     version = config.inference.version()
 
+    model_store_ready(
+        name="Model store: on its mount, on NVMe, room for two versions",
+        models_root=str(settings.swap.models_root),
+        version=version,
+        version_bytes=config.inference.model_bytes(),
+        nvme=config.inference.model_store_nvme,
+        mount=config.inference.model_store_mount,
+        headroom=config.inference.model_store_headroom,
+    )
     _install_service(config)
     _install_model(config, settings, version)
     _configure(config, settings)

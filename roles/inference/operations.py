@@ -20,7 +20,7 @@ from ironserve.operations import Commands, failing
 from ironserve.owned import OwnedPath
 from ironserve.reads import Read, read, reading_operation
 from ironserve.validators import SYSTEM_DIRS, check_model_version, check_path
-from roles.inference.facts import ServingStatus, VenvPackages
+from roles.inference.facts import ModelStore, ServingStatus, StoreFilesystem, VenvPackages
 from roles.inference.render import environment_drift
 from roles.inference.settings import MODELS_ROOTS
 
@@ -40,6 +40,61 @@ def model_version_dir(models_root: str, version: str) -> str:
     if posixpath.normpath(dest) != dest or posixpath.dirname(dest) != root or dest in SYSTEM_DIRS:
         raise OperationError(f"model sync with deletion refused: {dest!r} is not a version directory in {root}")
     return dest
+
+
+def gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+def model_store_problems(
+    store: StoreFilesystem | None, *, nvme: bool, mount: str | None, version_bytes: int, headroom: float
+) -> list[str]:
+    """Why the models root cannot take this version (empty: it can). Pure.
+
+    Room: after the upload, one more version of the same size (the next swap keeps both on disk) and `headroom` of
+    the filesystem must still be free.
+    """
+    if store is None:
+        return ["its filesystem could not be read (findmnt)"]
+    problems = []
+    on = f"{store.target} ({store.source}, {store.fstype})"
+    if mount is not None and store.target != mount:
+        problems.append(f"it is on {on}, not on the mount {mount}: mount the model drive there")
+    disks = [d for d in store.devices if d.type == "disk"]
+    if nvme and not disks:
+        problems.append(f"{on} is not on a local block device (NVMe required)")
+    elif nvme:
+        slow = [f"{d.kname} ({'rotational' if d.rotational else d.transport or 'no transport'})" for d in disks
+                if d.rotational or d.transport != "nvme"]  # fmt: skip
+        if slow:
+            problems.append(f"{on} is not on NVMe: {', '.join(slow)}")
+    missing = max(version_bytes - store.version_bytes, 0)
+    needed = missing + version_bytes + int(headroom * store.size_bytes)
+    if store.avail_bytes < needed:
+        problems.append(
+            f"{gib(store.avail_bytes)} free on {store.target}; this version needs {gib(missing)} more, the next "
+            f"{gib(version_bytes)} and the headroom {gib(int(headroom * store.size_bytes))}: {gib(needed)}"
+        )
+    return problems
+
+
+def _store_reads(models_root: str, version: str, **_: object) -> list[Read]:
+    return [Read(ModelStore, {"models_root": models_root, "version": version})]
+
+
+@reading_operation(reads=_store_reads)
+def model_store_ready(
+    models_root: str, version: str, version_bytes: int, nvme: bool, mount: str | None, headroom: float
+) -> Commands:
+    """Stop this host before anything is installed when the models root is not where the settings say (the
+    mount, NVMe) or has no room for this version and the next one."""
+    store = read(ModelStore, models_root=models_root, version=version)
+    problems = model_store_problems(store, nvme=nvme, mount=mount, version_bytes=version_bytes, headroom=headroom)
+    if problems:
+        yield failing(f"model store {models_root}: " + "; ".join(problems))
+        return
+    assert store is not None
+    host.noop(f"model store {models_root}: {store.target} ({store.source}), {gib(store.avail_bytes)} free")
 
 
 @reading_operation(reads=lambda venv, **_: [Read(VenvPackages, {"venv": venv})])

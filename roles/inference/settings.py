@@ -177,6 +177,27 @@ class InferenceSettings(RoleSettings):
         description="Model versions on the host (root:<group> 0750; each version synced with deletion inside it), "
         "inside /srv, /opt, /var/lib, /data or /mnt; None: <security_model_dir>/<inference_model_name>.",
     )
+    model_store_nvme: bool = Field(
+        True,
+        alias="inference_model_store_nvme",
+        description="The models root must sit on local NVMe (io-nvme-model-store): every disk under its filesystem "
+        "is non-rotational with NVMe transport; checked before anything is installed. False: any local block "
+        "device.",
+    )
+    model_store_mount: Annotated[str, path_rule(MODELS_ROOTS, inclusive=True, example="/data")] | None = Field(
+        None,
+        alias="inference_model_store_mount",
+        description="The mount point the models root must be on (e.g. /data on the NVMe drive), so that an "
+        "unmounted drive never fills the system disk instead; None: whatever filesystem holds it.",
+    )
+    model_store_headroom: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        alias="inference_model_store_headroom",
+        description="Share of the model store's filesystem that stays free after this version and one more of "
+        "the same size (the next swap keeps both on disk): below that, the deploy stops before the upload.",
+    )
     engine_environment: dict[str, str] = Field(
         default_factory=dict,
         alias="inference_engine_environment",
@@ -267,6 +288,12 @@ class InferenceSettings(RoleSettings):
             raise ValueError("inference_model_source is not set")
         return release_version(self.model_source, RELEASE_NAME)
 
+    def model_bytes(self) -> int:
+        """Bytes of the sealed version on the deploy machine (what the upload adds to the model store)."""
+        if self.model_source is None:
+            raise ValueError("inference_model_source is not set")
+        return sum(path.stat().st_size for path in self.model_source.rglob("*") if path.is_file())
+
     def models_root_path(self, security_model_dir: str) -> str:
         """Where the versions live: inference_models_root, else <security_model_dir>/<model name>, checked."""
         path = self.models_root or f"{security_model_dir}/{self.model_name}"
@@ -340,6 +367,12 @@ def check_deployable(
                     f"{key} {path} overlaps the service's own directory {owned}; accepted: a directory apart from "
                     "security_state_dir and security_log_dir"
                 )
+    mount = settings.model_store_mount
+    if mount is not None and not is_within(models_root, mount):
+        raise ValueError(
+            f"inference_models_root {models_root} is not inside inference_model_store_mount {mount}; accepted: a "
+            "models root on that mount (inference_models_root or security_model_dir)"
+        )
     try:
         settings.service_settings(security_model_dir, service_group)
     except ValidationError as error:

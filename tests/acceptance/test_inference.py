@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from roles import StackConfig
+from roles.inference.facts import ModelStore
+from roles.inference.operations import model_store_problems
 from roles.inference.render import canonical, environment_drift, lock_pins, service_yaml
-from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH
+from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH, ENGINE_UNIT
 
 
 def _python(host: Any, config: StackConfig, code: str) -> Any:
@@ -116,6 +118,53 @@ def test_completion_through_envoy(host: Any, config: StackConfig, observe: Any) 
     status, reply, _ = _http(host, config, _listener(config, "/v1/chat/completions"), body, _api_key(host))
     observe(f"HTTP {status}, usage {reply.get('usage') if isinstance(reply, dict) else reply}")
     assert status == 200 and reply["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.invariant("obs-logprobs-std")
+def test_a_logprobs_request_is_answered_and_the_engine_survives_it(
+    host: Any, config: StackConfig, observe: Any
+) -> None:
+    """The first logprobs request makes torch compile a kernel on the host (g++, Python.h): the quality replays
+    and any client asking for logprobs depend on it."""
+    model = _service(config).engine.served_model_name
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "logprobs": True,
+            "top_logprobs": 2}  # fmt: skip
+    status, reply, _ = _http(host, config, _listener(config, "/v1/chat/completions"), body, _api_key(host))
+    content = reply["choices"][0]["logprobs"]["content"] if status == 200 else reply
+    after, _, _ = _http(host, config, _listener(config, "/health"))
+    observe(f"HTTP {status}, {len(content)} tokens with logprobs; /health after it: {after}")
+    assert status == 200 and len(content) >= 1 and all("logprob" in token for token in content)
+    assert after == 200
+
+
+@pytest.mark.parametrize("unit", ["ironserve-router.service", "engine"])
+def test_envoy_and_the_engine_may_hold_a_descriptor_per_connection(
+    host: Any, config: StackConfig, unit: str, observe: Any
+) -> None:
+    """Envoy holds two descriptors per client (downstream and upstream), so its soft limit must exceed twice the
+    release gate's connection limit; systemd's default is 1024."""
+    if unit == "engine":
+        unit = ENGINE_UNIT.format(colour=_active_colour(host, config))
+    pid = host.run(f"systemctl show --property=MainPID --value {unit}").stdout.strip()
+    limits = host.file(f"/proc/{pid}/limits").content_string.splitlines()
+    line = next(row for row in limits if row.startswith("Max open files"))
+    soft = int(line.split()[3])
+    observe(f"{unit}: {line}")
+    assert soft > 2 * _service(config).release.max_connections
+
+
+@pytest.mark.invariant("io-nvme-model-store")
+def test_the_model_versions_are_on_local_nvme(host: Any, config: StackConfig, observe: Any) -> None:
+    if not config.inference.model_store_nvme:
+        pytest.skip("inference_model_store_nvme is off for this host")
+    version = config.inference.version()
+    fact = ModelStore()
+    store = fact.process(host.run(fact.command(str(_service(config).swap.models_root), version)).stdout.splitlines())
+    problems = model_store_problems(
+        store, nvme=True, mount=config.inference.model_store_mount, version_bytes=0, headroom=0
+    )
+    observe(store)
+    assert not problems
 
 
 def test_the_api_refuses_a_request_without_a_valid_key(host: Any, config: StackConfig, observe: Any) -> None:

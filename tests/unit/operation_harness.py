@@ -78,6 +78,8 @@ def build(hint: Any, value: Any) -> Any:
         return {k: build(params[1], v) for k, v in value.items()}
     if origin is list and isinstance(value, list) and params:
         return [build(params[0], v) for v in value]
+    if origin is tuple and isinstance(value, list) and len(params) == 2 and params[1] is Ellipsis:
+        return tuple(build(params[0], v) for v in value)
     return value
 
 

@@ -13,6 +13,7 @@ from ironserve_service.slo import render_rules
 from ironserve.config import ConfigError
 from ironserve.lab.inference import REQUIREMENTS, model_versions
 from roles import check_deployable, stack_config
+from roles.inference import inference_deployable
 from roles.inference.render import canonical, environment_drift, lock_pins, prometheus_config
 
 LAB_MODEL = model_versions()["lab-v1"]
@@ -80,6 +81,21 @@ def test_an_unknown_service_key_is_refused() -> None:
         check_deployable(stack_config("h", {k: v for k, v in BASE.items() if k != "inference_listen_address"}))
     with pytest.raises(ConfigError, match=r"inference_service: swap\.listen_prot: Extra inputs"):
         _deployable(inference_service={"swap": {"listen_prot": 8080}})
+
+
+def test_the_models_root_must_be_on_the_model_store_mount() -> None:
+    def deployable(**data: Any) -> None:
+        inference_deployable(stack_config("h", {**BASE, **data}))
+
+    deployable(inference_model_store_mount="/srv")  # /srv/ai/models/<name> is on it
+    with pytest.raises(ValueError, match="is not inside inference_model_store_mount /data"):
+        deployable(inference_model_store_mount="/data")
+    deployable(inference_model_store_mount="/data", security_model_dir="/data/models")
+
+
+def test_model_bytes_count_every_file_of_the_sealed_version() -> None:
+    config = stack_config("h", BASE)
+    assert config.inference.model_bytes() == sum(p.stat().st_size for p in LAB_MODEL.rglob("*") if p.is_file()) > 0
 
 
 def test_role_owned_service_keys_cannot_be_overridden() -> None:

@@ -74,9 +74,8 @@ class QualitySettings(_Strict):
     mirror_host: str = "127.0.0.1"
     mirror_port: int = Field(default=9401, ge=1, le=65535)
     # Share of prod chat requests Envoy copies to the sink (e.g. 2). Each copy is replayed once against the
-    # serving engine with logprobs, so mirroring costs this share of its capacity. Off by default: under the
-    # hardened engine unit, vLLM 0.32's first logprobs request killed its engine in the lab (README).
-    mirror_percent: float = Field(default=0.0, ge=0, le=100)
+    # serving engine with logprobs, so mirroring costs this share of its capacity; 0 turns mirroring off.
+    mirror_percent: float = Field(default=2.0, ge=0, le=100)
     queue_size: int = Field(default=64, gt=0)
     logprob_std_normal_max: float = 0.8
     logprob_std_alert: float = 2.5
