@@ -98,7 +98,9 @@ def test_bootstrap_hcm_settings_and_loopback_admin(tmp_path: Path) -> None:
     assert document["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
     hcm = document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     assert hcm["stream_idle_timeout"] == "300s" and hcm["codec_type"] == "AUTO"
-    assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.router"]  # no buffering filter
+    # Requests held until their end (test_h2_load.py), the router last; nothing buffers responses.
+    assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.buffer", "envoy.filters.http.router"]
+    assert hcm["http_filters"][0]["typed_config"]["max_request_bytes"] == 16 * 2**20
     source = hcm["rds"]["config_source"]["path_config_source"]
     assert source == {"path": str(swap.router_dir / "rds.json"), "watched_directory": {"path": str(swap.router_dir)}}
 

@@ -41,6 +41,7 @@ ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+BUFFER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
 UPSTREAM_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 API_KEY_FILTER = "envoy.filters.http.api_key_auth"
 API_KEY_TYPE = "type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth"
@@ -86,9 +87,17 @@ def bootstrap(settings: SwapSettings) -> JSON:
         # On the connection manager, not the router filter (catalog correction); streams idle > 300 s end.
         "stream_idle_timeout": f"{settings.stream_idle_timeout_s}s",
         "rds": {"route_config_name": ROUTE_CONFIG_NAME, "config_source": _file_source(settings, RDS_FILE)},
-        # No buffer filter: responses (SSE token streams) are forwarded as they arrive.
+        # Requests are held until their end, responses (SSE token streams) forwarded as they arrive. Without the
+        # buffer an HTTP/1.1 engine can answer a request whose body it has before the client's closing (empty)
+        # END_STREAM frame reaches Envoy; Envoy then ends the stream with RST_STREAM(NO_ERROR) after the response
+        # (RFC 9113 §8.1), and httpx/httpcore, the openai SDK's HTTP/2 stack, fails that request although
+        # clients must keep the response (tests/test_h2_load.py shows both).
         "http_filters": [
             *_key_filter(settings),
+            {
+                "name": "envoy.filters.http.buffer",
+                "typed_config": {"@type": BUFFER_TYPE, "max_request_bytes": settings.max_request_bytes},
+            },
             {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}},
         ],
     }

@@ -221,6 +221,9 @@ class SwapSettings(_Strict):
     # The admin interface always binds 127.0.0.1; only the port is configurable.
     admin_port: int = Field(default=9901, ge=1, le=65535)
     stream_idle_timeout_s: int = Field(default=300, gt=0)
+    # Envoy holds each request until its end (router.py: why HTTP/2 clients need it); larger bodies get 413.
+    # 16 MiB: a full 128k-token context as JSON is a few MiB.
+    max_request_bytes: int = Field(default=16 * 2**20, ge=2**16, le=2**30)
     drain_idle_s: float = Field(default=10.0, ge=0)
     drain_max_s: float = Field(default=600.0, gt=0)
     switch_timeout_s: float = Field(default=10.0, gt=0)
