@@ -137,7 +137,11 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
     entries = coverage.catalog()
     tagged = coverage.tagged_tests()
-    status = coverage.classify(entries, tagged)
+    try:
+        status = coverage.classify(entries, tagged)
+    except ValueError as error:  # a waivers file the admin or a developer mistyped
+        print(f"ironserve coverage: {error}", file=sys.stderr)
+        return 2
     print(coverage.report(entries, status, args.missing))
     unknown = coverage.unknown_ids(entries, tagged)
     if unknown:

@@ -72,11 +72,23 @@ def tagged_tests() -> dict[str, list[str]]:
 
 
 def waivers(files: tuple[Path, ...] = WAIVER_FILES) -> dict[str, str]:
+    """{id: reason}; ValueError naming the file and line when one is not a list of id/reason entries."""
     reasons: dict[str, str] = {}
     for path in files:
-        if path.exists():
-            for item in yaml.safe_load(path.read_text()) or []:
-                reasons[item["id"]] = item["reason"]
+        if not path.exists():
+            continue
+        try:
+            items = yaml.safe_load(path.read_text()) or []
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ValueError(
+                f"{path}{where}: not YAML ({getattr(error, 'problem', error)}); quote a reason that contains ': '"
+            ) from None
+        for number, item in enumerate(items, 1):
+            if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item.get("reason"):
+                raise ValueError(f"{path}: entry {number} is not an id with a reason")
+            reasons[item["id"]] = item["reason"]
     return reasons
 
 

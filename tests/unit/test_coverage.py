@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.coverage import catalog, classify, collected_ids, tagged_tests, unknown_ids
+from ironserve.coverage import catalog, classify, collected_ids, tagged_tests, unknown_ids, waivers
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +38,20 @@ def test_host_tuning_areas_are_fully_accounted_for(tagged: dict[str, list[str]],
     entries = [e for e in catalog() if e.area == area]
     status = classify(entries, tagged)
     assert [e.id for e in entries if status[e.id] == "missing"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- id: a\n  reason: measured: no gain\n", "line 2: not YAML (mapping values are not allowed here); quote"),
+        ("- id: a\n", "entry 1 is not an id with a reason"),
+        ("- just-a-string\n", "entry 1 is not an id with a reason"),
+    ],
+)
+def test_a_mistyped_waivers_file_is_named_with_its_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "waivers.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        waivers((path,))
+    path.write_text('- id: a\n  reason: "measured: no gain"\n')
+    assert waivers((path,)) == {"a": "measured: no gain"}
