@@ -95,8 +95,9 @@ else:
         if name == "__metadata__":
             continue
         begin, end = info["data_offsets"]
-        tensor = torch.frombuffer(buffer, dtype=DTYPES[info["dtype"]], count=(end - begin) // 2,
-                                  offset=base + begin).view(info["shape"])
+        dtype = DTYPES[info["dtype"]]
+        count = (end - begin) // dtype.itemsize
+        tensor = torch.frombuffer(buffer, dtype=dtype, count=count, offset=base + begin).view(info["shape"])
         param_like(name, tensor)
     del tensor, view
 seconds = time.perf_counter() - start

@@ -125,11 +125,6 @@ class EarlyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(ANSWER)
 
-    def do_GET(self) -> None:  # the control loop's readiness check of the colour
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
     def log_message(self, format: str, *args: Any) -> None:
         pass
 

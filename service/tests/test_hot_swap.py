@@ -88,12 +88,17 @@ def scrape(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
             for family in text_string_to_metric_families(text) for sample in family.samples}  # fmt: skip
 
 
+def engine_reading(stack: Stack, colour: Colour) -> exporter.FrameworkReading:
+    """vLLM's own /metrics of one colour, read directly (not through the exporter)."""
+    url = f"http://127.0.0.1:{stack.settings.swap.port(colour)}/metrics"
+    return exporter.parse_vllm_metrics(exporter.fetch_text(url, 5))
+
+
 def assert_observers_follow(stack: Stack, prometheus: str, colour: Colour, version: str) -> None:
     """The exporter, the mirror's quality replay and Prometheus all read the colour Envoy serves."""
-    engine = f"http://127.0.0.1:{stack.settings.swap.port(colour)}/metrics"
 
     def engine_tokens() -> float:
-        tokens = exporter.parse_vllm_metrics(exporter.fetch_text(engine, 5)).generation_tokens
+        tokens = engine_reading(stack, colour).generation_tokens
         assert tokens is not None
         return tokens
 
@@ -167,11 +172,6 @@ def test_first_swap_deploys_v1_on_blue_and_routes_only_the_api(stack: Stack) -> 
     for streaming in (False, True):
         outcome = h2c_request(stack.url("/v1/chat/completions"), streaming)
         assert outcome.ok and outcome.complete and outcome.colour == "blue", outcome
-
-
-def engine_reading(stack: Stack) -> exporter.FrameworkReading:
-    url = f"http://127.0.0.1:{stack.settings.swap.port('blue')}/metrics"
-    return exporter.parse_vllm_metrics(exporter.fetch_text(url, 5))
 
 
 LONG: dict[str, Any] = {"model": MODEL, "prompt": "Tell a long story.", "max_tokens": 480, "ignore_eos": True}
@@ -250,7 +250,7 @@ def _sdk_h2_close_then_client_close(url: str) -> Iterator[None]:
 
 
 def _running(stack: Stack) -> float:
-    return engine_reading(stack).requests_running or 0.0
+    return engine_reading(stack, "blue").requests_running or 0.0
 
 
 DISCONNECTS = {
@@ -277,9 +277,9 @@ def test_a_client_that_goes_away_frees_the_engine(stack: Stack, shape: str) -> N
         assert _running(stack) >= 1, "httpcore2 now resets an abandoned h2 stream: update the README"
     next(client, None)  # the client goes away
     assert wait_for(lambda: _running(stack) == 0, 2.0, 0.05), shape
-    tokens = engine_reading(stack).generation_tokens
+    tokens = engine_reading(stack, "blue").generation_tokens
     time.sleep(0.5)
-    assert engine_reading(stack).generation_tokens == tokens, shape
+    assert engine_reading(stack, "blue").generation_tokens == tokens, shape
 
 
 def test_500_concurrent_h2c_streams_on_one_connection_complete(stack: Stack) -> None:
