@@ -15,6 +15,7 @@ APT_PACKAGES=(
   prometheus                  # promtool and a real Prometheus for the service's SLO and scrape tests
   etcd-server etcd-client     # the hot swap's source of truth, run for real in the service's tests
   curl                        # HTTP/2 (h2c) clients in the hot-swap tests
+  stress-ng                   # memory pressure of the service's load-and-chaos gate
   python3-venv
 )
 

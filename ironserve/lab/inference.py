@@ -38,6 +38,19 @@ SERVICE_OVERRIDES: dict[str, dict[str, Any]] = {
     "swap": {"ready_timeout_s": 300, "poll_interval_s": 0.2},
     # The release gate: no GPU, and the inference lab hosts run no container runtime.
     "release": {"require_gpu": False, "runtime_storage": None, "runtime_unit": None},
+    # The load-and-chaos gate runs on every swap, in phases short enough for a test; the engine, locust and stress-ng
+    # share this machine's two cores, so the P99 bound only proves the gate runs (the service's hot-swap tests prove
+    # a moved P99 refuses the swap).
+    "chaos": {
+        "users": 4,
+        "warmup_s": 2,
+        "load_s": 5,
+        "settle_s": 1,
+        "min_requests": 5,
+        "vm_workers": 1,
+        "vm_bytes": "64M",
+        "max_p99_increase": 20.0,
+    },
 }
 
 

@@ -77,13 +77,15 @@ def _install_service(config: StackConfig) -> None:
     assert inference.requirements is not None and inference.pip_index_url is not None  # check_deployable
     venv = inference.venv
     installed(
-        name="Python venv and headers, C++ compiler, libnuma, etcd" + (", Prometheus" if inference.prometheus else ""),
+        name="Python venv and headers, C++ compiler, libnuma, etcd, stress-ng"
+        + (", Prometheus" if inference.prometheus else ""),
         # libnuma1: vLLM's compiled ops link it (NUMA-aware CPU binding), on GPU and CPU builds alike.
         # g++ and python3-dev: torch's Inductor compiles the kernels vLLM's torch.compile generates at run time
         # (C++ on CPU, Triton's launcher stubs on GPU) against Python.h; without them the first request that needs
         # a new kernel (logprobs: the sampler's batched_count_greater_than) kills the engine.
+        # stress-ng: the memory pressure of the swap's load-and-chaos gate.
         packages=[
-            "python3-venv", "python3-dev", "g++", "libnuma1", "etcd-server",
+            "python3-venv", "python3-dev", "g++", "libnuma1", "etcd-server", "stress-ng",
             *(["prometheus"] if inference.prometheus else []),
         ],
         recommends=False,
@@ -236,6 +238,7 @@ def inference_deployable(config: StackConfig) -> None:
         config.inference,
         security.model_dir,
         security.group,
+        security.slice,
         security.service_units,
         (security.state_dir, security.log_dir),
     )
@@ -243,7 +246,8 @@ def inference_deployable(config: StackConfig) -> None:
 
 @deploy("Inference service")
 def inference(config: StackConfig, run: HostRun) -> None:
-    settings = config.inference.service_settings(config.security.model_dir, config.security.group)
+    security = config.security
+    settings = config.inference.service_settings(security.model_dir, security.group, security.slice)
     version = config.inference.version()
 
     model_store_ready(

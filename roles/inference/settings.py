@@ -302,7 +302,7 @@ class InferenceSettings(RoleSettings):
         except ValueError as exc:
             raise ValueError(f"inference_models_root {path}: {exc}") from None
 
-    def service_settings(self, security_model_dir: str, service_group: str) -> ServiceSettings:
+    def service_settings(self, security_model_dir: str, service_group: str, service_slice: str) -> ServiceSettings:
         """The host's service.yaml: the role's layout plus the inventory's overrides."""
         models_root = Path(self.models_root_path(security_model_dir))
         venv = Path(self.venv)
@@ -328,6 +328,8 @@ class InferenceSettings(RoleSettings):
         }
         # The release gate checks the group the engines run as (security_group).
         data["release"] = {**data.get("release", {}), "service_group": service_group}
+        # The load-and-chaos gate's memory pressure runs where the engines run (security_slice).
+        data["chaos"] = {**data.get("chaos", {}), "slice": service_slice}
         return ServiceSettings.model_validate(data)
 
 
@@ -335,6 +337,7 @@ def check_deployable(
     settings: InferenceSettings,
     security_model_dir: str,
     service_group: str,
+    service_slice: str,
     hardened_units: tuple[str, ...],
     service_dirs: tuple[str, ...] = (),
 ) -> None:
@@ -374,7 +377,7 @@ def check_deployable(
             "models root on that mount (inference_models_root or security_model_dir)"
         )
     try:
-        settings.service_settings(security_model_dir, service_group)
+        settings.service_settings(security_model_dir, service_group, service_slice)
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()

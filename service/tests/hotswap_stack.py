@@ -184,7 +184,7 @@ def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s:
     config = work / "service.yaml"
     config.write_text(yaml.safe_dump({
         "engine": {
-            "model_dir": str(models / "v1"), "served_model_name": "qwen2-7b", "max_model_len": 512,
+            "model_dir": str(models / "v1"), "served_model_name": "qwen2-7b", "max_model_len": 4096,
             "max_num_seqs": 8, "tensor_parallel_size": 1, "enforce_eager": True, "engine_python": str(engine_python),
         },
         "readiness": {"startup_timeout_s": 240, "poll_interval_s": 0.5, "drain_timeout_s": 20},
@@ -192,6 +192,8 @@ def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s:
         "quality": {"mirror_port": free_port(), "semantic_scorer": "none", "mirror_percent": 2},
         # This machine: no GPU, no container runtime, processes run as root.
         "release": {"require_gpu": False, "runtime_storage": None, "runtime_unit": None, "service_group": "root"},
+        # The load-and-chaos gate adds two load phases to a swap: test_hot_swap.py runs it where it is the subject.
+        "chaos": {"enabled": False},
         "swap": {
             "model_name": "qwen2-7b", "etcd_url": f"http://127.0.0.1:{etcd_port}", "models_root": str(models),
             "run_dir": str(work / "run"), "router_dir": str(work / "envoy"), "blue_port": free_port(),

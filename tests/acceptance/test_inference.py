@@ -48,7 +48,7 @@ def _http(
 
 
 def _service(config: StackConfig) -> Any:
-    return config.inference.service_settings(config.security.model_dir, config.security.group)
+    return config.inference.service_settings(config.security.model_dir, config.security.group, config.security.slice)
 
 
 def _etcd_get(host: Any, config: StackConfig, key: str) -> str | None:

@@ -110,7 +110,9 @@ def test_engine_environment_names_must_fit_a_unit_file() -> None:
 
 def test_service_settings_tie_the_service_to_the_host_layout() -> None:
     config = stack_config("h", {**BASE, "inference_service": {"swap": {"listen_port": 8443}}})
-    settings = config.inference.service_settings(config.security.model_dir, config.security.group)
+    settings = config.inference.service_settings(
+        config.security.model_dir, config.security.group, config.security.slice
+    )
     version = config.inference.version()
     assert settings.engine.model_dir == Path("/srv/ai/models/qwen2-7b")  # each colour's config names its version
     assert version == "20260101-000000"
@@ -125,7 +127,9 @@ def test_service_settings_tie_the_service_to_the_host_layout() -> None:
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool absent (apt-get install prometheus)")
 def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     config = stack_config("h", BASE)
-    settings = config.inference.service_settings(config.security.model_dir, config.security.group)
+    settings = config.inference.service_settings(
+        config.security.model_dir, config.security.group, config.security.slice
+    )
     rules = tmp_path / "rules.yml"
     rules.write_text(render_rules(settings.slo, settings.quality))
     path = tmp_path / "prometheus.yml"

@@ -705,7 +705,9 @@ def test_the_deploy_checks_the_destination_right_before_the_sync(
     monkeypatch.setattr(inference_role, "owned_directory", lambda **kw: calls.append(("directory", kw["path"])))
     monkeypatch.setattr(inference_role.files, "sync", lambda **kw: calls.append(("sync", (kw["dest"], kw["delete"]))))
     config = stack_config("r740-01", deployable)
-    settings = config.inference.service_settings(config.security.model_dir, config.security.group)
+    settings = config.inference.service_settings(
+        config.security.model_dir, config.security.group, config.security.slice
+    )
     inference_role._install_model(config, settings, config.inference.version())
     root = "/srv/ai/models/qwen2-7b"
     assert calls == [

@@ -1,5 +1,5 @@
 """Wires the modules into one command: verify, seal, launch, probe, exporter, rules, router, control, swap,
-release-check, api-key, status."""
+rollback, release-check, load-chaos, api-key, status."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from ironserve_service import (
     artifacts,
+    chaos,
     control,
     exporter,
     health,
@@ -30,7 +31,7 @@ from ironserve_service import (
     slo,
     swap,
 )
-from ironserve_service.settings import COLOURS, ServiceSettings, load_settings
+from ironserve_service.settings import COLOURS, Colour, ServiceSettings, load_settings
 
 DEFAULT_CONFIG = Path("/etc/ironserve/service.yaml")
 
@@ -103,7 +104,11 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_swap(args: argparse.Namespace) -> int:
-    result = swap.swap(_settings(args.config), args.model_name, args.version)
+    settings = _settings(args.config)
+    if args.version is None:
+        result = swap.rollback(settings, args.model_name)
+    else:
+        result = swap.swap(settings, args.model_name, args.version)
     if result.ok:
         print(f"swapped: {result.detail}")
         return 0
@@ -111,16 +116,38 @@ def cmd_swap(args: argparse.Namespace) -> int:
     return 1
 
 
-def cmd_release_check(args: argparse.Namespace) -> int:
-    settings = _settings(args.config)
-    colour = args.colour or serving.serving_engine(settings).colour
+def _colour(settings: ServiceSettings, named: Colour | None) -> Colour | None:
+    """The --colour given, else the one served; None (said on stderr) when neither names one."""
+    colour = named or serving.serving_engine(settings).colour
     if colour is None:
         print("no colour is served here: name one with --colour", file=sys.stderr)
+    return colour
+
+
+def cmd_release_check(args: argparse.Namespace) -> int:
+    settings = _settings(args.config)
+    colour = _colour(settings, args.colour)
+    if colour is None:
         return 2
     results = release.run_checks(release.Candidate(settings, colour))
     print(release.report_json(results))
     if release.failed(results):
         print(f"FAILED release-check on {colour}: {release.summary(results)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_load_chaos(args: argparse.Namespace) -> int:
+    settings = _settings(args.config)
+    colour = _colour(settings, args.colour)
+    if colour is None:
+        return 2
+    candidate = release.Candidate(settings, colour)
+    result = chaos.gate(settings.chaos, candidate.base_url, settings.engine.served_model_name,
+                        lambda line: print(line, file=sys.stderr))  # fmt: skip
+    print(json.dumps(result.as_dict(), indent=1))
+    if not result.ok:
+        print(f"FAILED load-chaos on {colour}: {result.detail}", file=sys.stderr)
         return 1
     return 0
 
@@ -211,6 +238,10 @@ def parser() -> argparse.ArgumentParser:
     swap_command.add_argument("version")
     swap_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     swap_command.set_defaults(handler=cmd_swap)
+    rollback_command = commands.add_parser("rollback", help="swap back to the version active before the last swap")
+    rollback_command.add_argument("model_name")
+    rollback_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    rollback_command.set_defaults(handler=cmd_swap, version=None)
 
     release_command = commands.add_parser(
         "release-check", help="JSON: the 12-item release checklist on a colour (exit 1 naming every failed check)"
@@ -218,6 +249,13 @@ def parser() -> argparse.ArgumentParser:
     release_command.add_argument("--colour", choices=COLOURS, help="the colour to check (default: the one served)")
     release_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     release_command.set_defaults(handler=cmd_release_check)
+
+    chaos_command = commands.add_parser(
+        "load-chaos", help="JSON: locust's P99 on a colour, then under stress-ng (exit 1 when it moves too much)"
+    )
+    chaos_command.add_argument("--colour", choices=COLOURS, help="the colour to load (default: the one served)")
+    chaos_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    chaos_command.set_defaults(handler=cmd_load_chaos)
 
     key_command = commands.add_parser("api-key", help="add (prints the new key once), remove or list API clients")
     key_command.add_argument("action", choices=["add", "remove", "list"])

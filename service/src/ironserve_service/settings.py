@@ -148,6 +148,53 @@ class ReleaseSettings(_Strict):
     )
 
 
+class ChaosSettings(_Strict):
+    """The load-and-chaos gate of `swap` (chaos.py): locust's load on the candidate, a baseline P99, then the
+    P99 under stress-ng memory pressure in the service's slice (rel-locust-load-test, rel-chaos-*)."""
+
+    # False: `swap` skips the gate (`load-chaos` still runs it on demand).
+    enabled: bool = True
+    # Concurrent locust users, each waiting between wait_min_s and wait_max_s (the catalog's 0.1-0.5 s).
+    users: int = Field(default=8, gt=0, le=1000)
+    wait_min_s: float = Field(default=0.1, ge=0)
+    wait_max_s: float = Field(default=0.5, ge=0)
+    # A request slower than this counts as failed (the catalog's 30 s).
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    # Tokens each chat completion asks for: the same work in both phases, so their P99s compare.
+    max_tokens: int = Field(default=16, gt=0)
+    # One query per line (UTF-8), e.g. prompts taken from the service's logs; up to sample_queries of them are
+    # sampled. None: the canary's prompt.
+    queries_file: Path | None = None
+    sample_queries: int = Field(default=1000, gt=0)
+    # Seconds of load in each phase; stress-ng starts settle_s before the chaos phase and runs until it ends
+    # (its --timeout, the catalog's 60 s, is settle_s + load_s + settle_s).
+    load_s: float = Field(default=50.0, gt=0)
+    settle_s: float = Field(default=5.0, ge=0)
+    # Seconds of the same load before the baseline, not counted: a fresh engine's first requests (new batch
+    # shapes) are slower than its steady state, and a handful of them would set the baseline's P99.
+    warmup_s: float = Field(default=5.0, ge=0)
+    # stress-ng --vm <vm_workers> --vm-bytes <vm_bytes> (per worker; the catalog's 2 and 4G).
+    vm_workers: int = Field(default=2, gt=0, le=64)
+    vm_bytes: str = Field(default="4G", pattern=r"^[1-9][0-9]{0,5}[KMG]?$|^[1-9][0-9]?%$")
+    # The systemd slice stress-ng runs in (systemd-run --scope), the engines' own, so the pressure meets
+    # their memory ceiling. None: stress-ng runs as a plain child process (hosts without systemd, tests).
+    slice: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+\.slice$")
+    # The P99 under chaos may exceed the baseline's by this share (the catalog's 15 %), else the swap is refused.
+    max_p99_increase: float = Field(default=0.15, ge=0)
+    # Fewer requests than this in a phase make no P99: the gate fails rather than guess.
+    min_requests: int = Field(default=100, gt=0)
+
+    @model_validator(mode="after")
+    def _wait_range(self) -> ChaosSettings:
+        if self.wait_max_s < self.wait_min_s:
+            raise ValueError(f"wait_max_s {self.wait_max_s} is below wait_min_s {self.wait_min_s}")
+        return self
+
+    @property
+    def stress_timeout_s(self) -> int:
+        return round(self.settle_s + self.load_s + self.settle_s)
+
+
 Colour = Literal["blue", "green"]
 COLOURS: tuple[Colour, Colour] = ("blue", "green")
 
@@ -229,6 +276,10 @@ class SwapSettings(_Strict):
     switch_timeout_s: float = Field(default=10.0, gt=0)
     ready_timeout_s: float = Field(default=900.0, gt=0)
     poll_interval_s: float = Field(default=0.5, gt=0)
+    # Keep the drained colour's engine running on its version after a swap, so that a rollback to it is a readiness
+    # check and a route switch instead of an engine start; costs a second engine's memory (on a GPU host, its GPUs'
+    # memory), hence off by default.
+    keep_previous: bool = False
     # X-Env staging/canary routes of the same Envoy (here because `router` and `control` get SwapSettings).
     routing: RoutingSettings = RoutingSettings()
 
@@ -260,6 +311,11 @@ class SwapSettings(_Strict):
     def active_key(self) -> str:
         return f"/models/{self.model_name}/active"
 
+    @property
+    def previous_key(self) -> str:
+        """The version that was active before the last swap: what `rollback` swaps back to."""
+        return f"/models/{self.model_name}/previous"
+
     def colour_key(self, colour: Colour) -> str:
         return f"/models/{self.model_name}/colours/{colour}"
 
@@ -281,6 +337,7 @@ class ServiceSettings(_Strict):
     slo: SloSettings = SloSettings()
     swap: SwapSettings = SwapSettings()
     release: ReleaseSettings = ReleaseSettings()
+    chaos: ChaosSettings = ChaosSettings()
 
 
 def load_settings(path: Path) -> ServiceSettings:

@@ -1,11 +1,14 @@
 """`swap MODEL VERSION`: the blue/green protocol, each step a named gate.
 
 verify -> etcd (read state) -> start (idle colour, through the launcher) -> readiness -> release-check
-(the 12-item checklist of release.py on the new colour) -> compare-and-swap
+(the 12-item checklist of release.py on the new colour) -> load-chaos (chaos.py: the P99 under stress-ng
+within 15 % of the baseline's) -> compare-and-swap
 (the only write) -> route-switch (observed through Envoy) -> drain (old colour idle 10 s in Envoy's
 stats) -> stop (SIGTERM to the old launcher: its own drain path). A failure before the write leaves
-the key untouched and stops the new instance; traffic never moved. Rollback is a swap to the
-previous version.
+the key untouched and stops the new instance; traffic never moved. Rollback (`rollback MODEL`) is a swap
+to the version that was active before (etcd's `previous` key); with `swap.keep_previous` the drained colour
+keeps running that version, so the rollback starts nothing and skips the load-and-chaos gate that version
+already passed.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from ironserve_service import artifacts, release, router
+from ironserve_service import artifacts, chaos, release, router
 from ironserve_service.control import EnvoyAdmin, Etcd, EtcdError, check_colour, colour_readiness, desired
 from ironserve_service.health import marker_pid, pid_alive
 from ironserve_service.settings import COLOURS, Colour, ServiceSettings
@@ -224,22 +227,17 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
         return SwapResult(True, "noop", f"{version} already active on {old_colour}", old_colour, old_colour)
     new_colour: Colour = other(old_colour) if old_colour else COLOURS[0]
 
-    # Whatever runs on the idle colour is not serving (the route points at old_colour): replace it.
-    stop_colour(settings, new_colour)
+    # A colour kept warm (swap.keep_previous) on this very version is reused; anything else on the idle colour is
+    # not serving (the route points at old_colour): replace it.
+    warm = swap_settings.keep_previous and snapshot.values.get(swap_settings.colour_key(new_colour)) == version
+    warm = warm and colour_readiness(settings, new_colour).ready_marker.exists()
+    if warm:
+        log(f"{new_colour} still runs {version} (kept warm): no start")
+    else:
+        stop_colour(settings, new_colour)
     try:
-        start_colour(settings, new_colour, model_dir)
-        log(f"started {new_colour} ({version}) on port {swap_settings.port(new_colour)}")
-        deadline = time.monotonic() + swap_settings.ready_timeout_s
-        while True:
-            pid = launcher_pid(settings, new_colour)
-            if pid is None or not pid_alive(pid):
-                tail = launcher_log_tail(settings, new_colour).strip()
-                raise GateFailed("readiness", f"{new_colour} launcher exited before ready: ...{tail}")
-            if colour_readiness(settings, new_colour).ready_marker.exists():
-                break
-            if time.monotonic() > deadline:
-                raise GateFailed("readiness", f"{new_colour} not ready after {swap_settings.ready_timeout_s}s")
-            time.sleep(swap_settings.poll_interval_s)
+        if not warm:
+            start_and_wait(settings, new_colour, model_dir, log)
         result = check_colour(settings, new_colour)
         if not result.ok:
             raise GateFailed("readiness", f"{new_colour}: {result.reason}")
@@ -256,8 +254,19 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
             f"OK release-check {new_colour}: {len(checks) - len(skipped)} passed"
             + (f", skipped by settings: {', '.join(skipped)}" if skipped else "")
         )
+        if warm:
+            log(f"load-chaos skipped: {new_colour} passed it when {version} was swapped in")
+        elif settings.chaos.enabled:
+            gated = time.monotonic()
+            outcome = chaos.gate(settings.chaos, candidate.base_url, settings.engine.served_model_name, log)
+            if not outcome.ok:
+                raise GateFailed("load-chaos", outcome.detail)
+            timings["load_chaos_s"] = time.monotonic() - gated
+            log(f"OK load-chaos {new_colour}: {outcome.detail}")
         puts = {swap_settings.active_key: version, swap_settings.colour_key(new_colour): version}
-        if old_colour is not None:
+        if previous is not None and previous != version:
+            puts[swap_settings.previous_key] = previous
+        if old_colour is not None and not swap_settings.keep_previous:
             # The old colour stops after the drain; it no longer names a version the route may follow.
             puts[swap_settings.colour_key(old_colour)] = ""
         try:
@@ -294,7 +303,41 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
         except GateFailed as failure:
             return SwapResult(False, failure.gate, failure.reason + "; old instance left running", new_colour,
                               old_colour, timings, written_at)  # fmt: skip
-        timings["stop_s"] = stop_colour(settings, old_colour)
-        log(f"OK drain {old_colour}: idle {swap_settings.drain_idle_s}s after {timings['drain_s']:.1f}s, "
-            f"stopped in {timings['stop_s']:.1f}s")  # fmt: skip
+        drained = f"OK drain {old_colour}: idle {swap_settings.drain_idle_s}s after {timings['drain_s']:.1f}s, "
+        if swap_settings.keep_previous:
+            log(drained + f"kept warm on {previous} for a rollback")
+        else:
+            timings["stop_s"] = stop_colour(settings, old_colour)
+            log(drained + f"stopped in {timings['stop_s']:.1f}s")
     return SwapResult(True, "done", f"{version} active on {new_colour}", new_colour, old_colour, timings, written_at)
+
+
+def start_and_wait(settings: ServiceSettings, colour: Colour, model_dir: Path, log: Callable[[str], None]) -> None:
+    """Starts the colour's launcher on model_dir and waits for its ready marker (gate readiness)."""
+    start_colour(settings, colour, model_dir)
+    log(f"started {colour} ({model_dir.name}) on port {settings.swap.port(colour)}")
+    deadline = time.monotonic() + settings.swap.ready_timeout_s
+    while True:
+        pid = launcher_pid(settings, colour)
+        if pid is None or not pid_alive(pid):
+            tail = launcher_log_tail(settings, colour).strip()
+            raise GateFailed("readiness", f"{colour} launcher exited before ready: ...{tail}")
+        if colour_readiness(settings, colour).ready_marker.exists():
+            return
+        if time.monotonic() > deadline:
+            raise GateFailed("readiness", f"{colour} not ready after {settings.swap.ready_timeout_s}s")
+        time.sleep(settings.swap.poll_interval_s)
+
+
+def rollback(settings: ServiceSettings, model_name: str, log: Callable[[str], None] = print) -> SwapResult:
+    """A swap back to the version that was active before the last swap (etcd's `previous` key)."""
+    swap_settings = settings.swap
+    try:
+        values = Etcd(swap_settings.etcd_url, swap_settings.etcd_timeout_s).get_prefix(swap_settings.key_prefix).values
+    except EtcdError as error:
+        return SwapResult(False, "etcd", str(error))
+    previous = values.get(swap_settings.previous_key)
+    if not previous:
+        return SwapResult(False, "rollback", f"no previous version recorded under {swap_settings.previous_key}")
+    log(f"rollback: {values.get(swap_settings.active_key)} -> {previous}")
+    return swap(settings, model_name, previous, log)
