@@ -227,10 +227,14 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
         return SwapResult(True, "noop", f"{version} already active on {old_colour}", old_colour, old_colour)
     new_colour: Colour = other(old_colour) if old_colour else COLOURS[0]
 
-    # A colour kept warm (swap.keep_previous) on this very version is reused; anything else on the idle colour is
-    # not serving (the route points at old_colour): replace it.
-    warm = swap_settings.keep_previous and snapshot.values.get(swap_settings.colour_key(new_colour)) == version
-    warm = warm and colour_readiness(settings, new_colour).ready_marker.exists()
+    # A colour kept warm (swap.keep_previous) on this very version and still ready (the control loop's fast check:
+    # marker, launcher alive, /health) is reused; anything else on the idle colour is not serving (the route
+    # points at old_colour): replace it.
+    warm = (
+        swap_settings.keep_previous
+        and snapshot.values.get(swap_settings.colour_key(new_colour)) == version
+        and check_colour(settings, new_colour, full=False).ok
+    )
     if warm:
         log(f"{new_colour} still runs {version} (kept warm): no start")
     else:
