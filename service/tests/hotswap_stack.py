@@ -184,7 +184,7 @@ def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s:
     config = work / "service.yaml"
     config.write_text(yaml.safe_dump({
         "engine": {
-            "model_dir": str(models / "v1"), "served_model_name": "qwen2-7b", "max_model_len": 4096,
+            "model_dir": str(models / "v1"), "served_model_name": "qwen2-7b", "max_model_len": 16384,
             "max_num_seqs": 8, "tensor_parallel_size": 1, "enforce_eager": True, "engine_python": str(engine_python),
         },
         "readiness": {"startup_timeout_s": 240, "poll_interval_s": 0.5, "drain_timeout_s": 20},

