@@ -59,11 +59,13 @@ def deploy(
     return DeployResult(result.returncode, changed, errors, unchanged, output)
 
 
-def verify(hosts: list[LabHost], *pytest_args: str, roles: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    """`ironserve verify` of `hosts` only; `roles` narrows the gate to those roles' acceptance files."""
+def verify(
+    hosts: list[LabHost], *pytest_args: str, roles: tuple[str, ...] = (), inventory: str = "inventory/lab.py"
+) -> subprocess.CompletedProcess[str]:
+    """`ironserve verify` of `inventory`'s `hosts` only; `roles` narrows the gate to those roles' acceptance files."""
     only = ["--roles", ",".join(roles)] if roles else []
     return subprocess.run(
-        [sys.executable, "-m", "ironserve", "verify", *_limits(hosts), *only, "inventory/lab.py", *pytest_args],
+        [sys.executable, "-m", "ironserve", "verify", *_limits(hosts), *only, inventory, *pytest_args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -538,7 +538,9 @@ def test_etcd_down_keeps_serving_and_a_later_swap_works(stack: Stack) -> None:
 
 def test_sigkilled_active_instance_fails_fast_then_recovers_by_swap(stack: Stack) -> None:
     """Documented behaviour: no standby exists after a drain, so a SIGKILLed engine means Envoy answers 503
-    at once (connection refused, no hang) until `swap` to the same version brings it up on the other colour."""
+    at once (connection refused, no hang) until `swap` to the same version brings it up on the other colour.
+    The recovery runs with swap.keep_previous, which must not keep the dead colour's key: it names the same version,
+    and the route would follow blue."""
     values = etcd_values(stack)
     version = values[stack.settings.swap.active_key]
     colour = next(c for c in COLOURS if stack.launcher_pid(c) is not None)
@@ -558,9 +560,13 @@ def test_sigkilled_active_instance_fails_fast_then_recovers_by_swap(stack: Stack
     while stack.launcher_pid(colour) is not None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert stack.launcher_pid(colour) is None, "launcher did not exit after its engine died"
-    result = swap.swap(stack.settings, "qwen2-7b", version)
+    keep_previous = stack.settings.model_copy(
+        update={"swap": stack.settings.swap.model_copy(update={"keep_previous": True})}
+    )
+    result = swap.swap(keep_previous, "qwen2-7b", version)
     assert result.ok and result.colour == swap.other(colour), result
     recovered = time.monotonic() - killed
+    assert etcd_values(stack)[stack.settings.swap.colour_key(colour)] == ""
     outcome = one_request(url, True)
     assert outcome.ok and outcome.complete and outcome.colour == swap.other(colour)
     switch_ms = result.timings["switch_s"] * 1000

@@ -191,11 +191,18 @@ def test_envoy_listens_on_the_serving_address_only(host: Any, config: StackConfi
 
 
 @pytest.mark.invariant("svc-port", "hot-swap-dual-instances")
-def test_exactly_the_active_colour_listens_at_rest(host: Any, config: StackConfig, observe: Any) -> None:
+def test_the_active_colour_listens_at_rest_and_the_other_only_when_kept_warm(
+    host: Any, config: StackConfig, observe: Any
+) -> None:
     swap = _service(config).swap
     listening = {c: host.socket(f"tcp://127.0.0.1:{swap.port(c)}").is_listening for c in ("blue", "green")}
-    observe(listening)
-    assert [c for c, up in listening.items() if up] == [_active_colour(host, config)]
+    active = _active_colour(host, config)
+    other = "green" if active == "blue" else "blue"
+    previous = _etcd_get(host, config, swap.previous_key)
+    # swap.keep_previous: the drained colour keeps its version (its colour key) for a rollback that starts nothing.
+    warm = swap.keep_previous and bool(previous) and _etcd_get(host, config, swap.colour_key(other)) == previous
+    observe(f"listening {listening}, active {active}, previous {previous} kept warm on {other}: {warm}")
+    assert {c for c, up in listening.items() if up} == ({active, other} if warm else {active})
 
 
 def test_development_endpoints_are_not_exposed(host: Any, config: StackConfig, observe: Any) -> None:

@@ -16,15 +16,17 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from ironserve_service.artifacts import RELEASE_NAME
 
 from ironserve.lab import remote
 from ironserve.lab.deploying import DeployResult, deploy, verify
 from ironserve.lab.inference import ENGINE_ENVIRONMENT, model_versions
 from ironserve.lab.state import LabHost
 from roles import stack_config
-from roles.inference.settings import API_KEYS_PATH
+from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH
 from tests.lab.conftest import lab_containers
 
 ROLES = ("security", "inference")
@@ -36,6 +38,16 @@ from ironserve.lab.inventory import lab_groups
 lab_containers, lab_vms = lab_groups()
 for _, data in lab_containers:
     data["inference_model_source"] = {source!r}
+"""
+# The other lab version, with the drained colour kept running (the lab's own overrides kept).
+KEEP_WARM_INVENTORY = """\
+from ironserve.lab.inventory import lab_groups
+
+lab_containers, lab_vms = lab_groups()
+for _, data in lab_containers:
+    data["inference_model_source"] = {source!r}
+    service = data["inference_service"]
+    data["inference_service"] = {{**service, "swap": {{**service["swap"], "keep_previous": True}}}}
 """
 
 
@@ -67,6 +79,14 @@ def complete(
         return error.code, "", error.read().decode(errors="replace")
 
 
+def _status(host: LabHost) -> dict[str, Any]:
+    return json.loads(remote.run(host, f"{SETTINGS.venv}/bin/ironserve-service status; true").splitlines()[-1])
+
+
+def _version(source: Path) -> str:
+    return str(json.loads((source / RELEASE_NAME).read_text())["version"])
+
+
 KEYS: dict[str, str] = {}  # host name -> its first API key, read after the first deploy
 
 
@@ -92,7 +112,7 @@ def test_second_deploy_reports_zero_changes(served: LabHost) -> None:
 
 
 def test_an_environment_value_with_spaces_and_quotes_reaches_the_engine_as_written(served: LabHost) -> None:
-    status = json.loads(remote.run(served, f"{SETTINGS.venv}/bin/ironserve-service status; true").splitlines()[-1])
+    status = _status(served)
     unit = f"ai-service@{status['colour']}.service"
     pid = remote.run(served, f"systemctl show --property=MainPID --value {unit}").strip()
     environ = remote.run(served, f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines()
@@ -135,7 +155,7 @@ def test_drift_is_put_back_then_zero_changes(served: LabHost) -> None:
 def test_a_sigkilled_engine_is_restarted_by_its_unit(served: LabHost) -> None:
     """The active colour's launcher killed with SIGKILL: Envoy answers 503 at once (no hang) until systemd's
     Restart=on-failure has the same colour ready again; no deploy and no swap needed. Prints the outage."""
-    status = json.loads(remote.run(served, f"{SETTINGS.venv}/bin/ironserve-service status; true").splitlines()[-1])
+    status = _status(served)
     unit = f"ai-service@{status['colour']}.service"
     remote.run(served, f"kill -KILL $(systemctl show --property=MainPID --value {unit})")
     killed = time.monotonic()
@@ -184,7 +204,39 @@ def test_a_version_change_in_the_inventory_is_a_hot_swap_without_failed_requests
     assert not failed, failed[:5]
     after = complete(served)[1]
     assert after != before and colours == {before, after}
-    v2 = json.loads((model_versions()["lab-v2"] / "release.json").read_text())["version"]
-    status = json.loads(remote.run(served, f"{SETTINGS.venv}/bin/ironserve-service status; true").splitlines()[-1])
-    assert (status["active"], status["colour"], status["ready"]) == (v2, after, True)
+    status = _status(served)
+    assert (status["active"], status["colour"], status["ready"]) == (_version(model_versions()["lab-v2"]), after, True)
     assert remote.run(served, f"systemctl is-active ai-service@{before}.service; true").strip() == "inactive"
+
+
+@pytest.mark.invariant("hot-swap-dual-instances", "rel-rollback-git-tag")
+def test_with_keep_previous_the_drained_colour_stays_warm_and_a_rollback_to_it_starts_nothing(
+    served: LabHost, tmp_path: Path
+) -> None:
+    """The role leaves the warm colour alone (no drift, the gate passes with it running); `rollback` on the host
+    then brings traffic back on the previous version without an engine start."""
+    first = _status(served)
+    source = next(path for path in model_versions().values() if _version(path) != first["active"])
+    inventory = tmp_path / "lab_keep_warm.py"
+    inventory.write_text(KEEP_WARM_INVENTORY.format(source=str(source)))
+    _deployed(deploy([served], inventory=str(inventory), roles=ROLES))
+    swapped = _status(served)
+    assert (swapped["active"], swapped["ready"]) == (_version(source), True) and swapped["colour"] != first["colour"]
+    warm = f"ai-service@{first['colour']}.service"
+    assert remote.run(served, f"systemctl is-active {warm}; true").strip() == "active"
+
+    again = _deployed(deploy([served], inventory=str(inventory), roles=ROLES))
+    assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
+    gate = verify([served], roles=ROLES, inventory=str(inventory))
+    assert gate.returncode == 0, gate.stdout[-6000:] + gate.stderr[-2000:]
+
+    started = time.monotonic()
+    output = remote.run(
+        served, f"{SETTINGS.venv}/bin/ironserve-service rollback {SETTINGS.model_name} --config {CONFIG_PATH} 2>&1"
+    )
+    took = time.monotonic() - started
+    back = _status(served)
+    print(f"rollback to the colour kept warm: {took:.1f} s (including the drain of the colour rolled away from)")
+    assert (back["active"], back["colour"], back["ready"]) == (first["active"], first["colour"], True)
+    assert "(kept warm): no start" in output, output
+    assert complete(served)[:2] == (200, first["colour"])

@@ -220,7 +220,8 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
         return SwapResult(False, "etcd", str(error))
     previous = snapshot.values.get(swap_settings.active_key)
     old_colour, _ = desired(swap_settings, snapshot.values)
-    if old_colour is not None and launcher_pid(settings, old_colour) is None:
+    recovering = old_colour is not None and launcher_pid(settings, old_colour) is None
+    if recovering:
         # The active instance died (e.g. SIGKILL): nothing to drain; this swap is the recovery.
         log(f"active colour {old_colour} has no running launcher: recovering onto the other colour")
     elif previous == version and old_colour is not None:
@@ -270,8 +271,9 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
         puts = {swap_settings.active_key: version, swap_settings.colour_key(new_colour): version}
         if previous is not None and previous != version:
             puts[swap_settings.previous_key] = previous
-        if old_colour is not None and not swap_settings.keep_previous:
-            # The old colour stops after the drain; it no longer names a version the route may follow.
+        if old_colour is not None and (recovering or not swap_settings.keep_previous):
+            # The old colour stops after the drain, or is dead: it no longer names a version the route may follow
+            # (kept, a dead colour would name the same version as the new one, and blue would win the route).
             puts[swap_settings.colour_key(old_colour)] = ""
         try:
             succeeded, revision = etcd.compare_and_swap(swap_settings.active_key, previous, puts)
