@@ -234,12 +234,13 @@ def _raw_h2(url: str, close_connection: bool) -> Iterator[None]:
 
 
 def _client_timeout(url: str) -> Iterator[None]:
-    """Not streaming: the client gives up after 1 s and closes its connection (the openai SDK's `timeout`)."""
+    """Not streaming: the client gives up after 0.5 s and closes its connection (the openai SDK's `timeout`); alone,
+    the engine decodes ~10,000 tokens/s without a stream to feed, so a longer wait would eat the max_tokens margin."""
     failed: list[Exception] = []
 
     def post() -> None:
         try:
-            with httpx2.Client(timeout=1.0) as client:
+            with httpx2.Client(timeout=0.5) as client:
                 client.post(url, json=LONG)
         except httpx2.TimeoutException as error:
             failed.append(error)
@@ -284,27 +285,52 @@ DISCONNECTS = {
 }
 
 
-@pytest.mark.parametrize("shape", DISCONNECTS)
-def test_a_client_that_goes_away_frees_the_engine(stack: Stack, shape: str) -> None:
-    """Proved with vLLM's own counters: requests running back to 0 and generated tokens no longer growing within
-    10 s of the client going away (0.03-0.11 s on a quiet host), short of max_tokens (ignore_eos: only an abort
-    ends the request early; vLLM counts a client's abort under no finished_reason). /v1/completions is not
-    mirrored, so no quality replay runs meanwhile."""
+def _goes_away(stack: Stack, shape: str) -> tuple[str, str]:
+    """("aborted" | "too late" | "not aborted", what happened): one client of `shape` against blue, judged by vLLM's
+    own counters."""
     url = stack.url("/v1/completions")
     assert wait_for(lambda: _running(stack) == 0, 30, 0.1)
     before = engine_reading(stack, "blue").generation_tokens or 0.0
     client = DISCONNECTS[shape](url)
-    next(client)  # the request runs in the engine
-    assert wait_for(lambda: _running(stack) >= 1, 10, 0.05), shape
-    gone = time.monotonic()
-    next(client)  # the client goes away
-    assert wait_for(lambda: _running(stack) == 0, 10.0, 0.05), shape
-    tokens = engine_reading(stack, "blue").generation_tokens or 0.0
-    freed_after_s = time.monotonic() - gone
-    time.sleep(0.5)
-    assert engine_reading(stack, "blue").generation_tokens == tokens, shape
-    assert tokens - before < LONG["max_tokens"], f"{shape}: ran to max_tokens ({freed_after_s:.1f} s), not aborted"
-    next(client, None)
+    try:
+        next(client)  # the request runs in the engine
+        if not wait_for(lambda: _running(stack) >= 1, 10, 0.05):
+            return "not aborted", "the request never showed as running"
+        at_leave = (engine_reading(stack, "blue").generation_tokens or 0.0) - before
+        if at_leave >= LONG["max_tokens"] / 2:
+            return "too late", f"the client could leave only after {at_leave:.0f} tokens"
+        gone = time.monotonic()
+        next(client)  # the client goes away
+        if not wait_for(lambda: _running(stack) == 0, 10.0, 0.05):
+            return "not aborted", "still running 10 s after the client went away"
+        tokens = engine_reading(stack, "blue").generation_tokens or 0.0
+        freed_after_s = time.monotonic() - gone
+        time.sleep(0.5)
+        if engine_reading(stack, "blue").generation_tokens != tokens:
+            return "not aborted", "tokens still growing after running went to 0"
+        if tokens - before >= LONG["max_tokens"]:
+            return "not aborted", f"ran to max_tokens, leaving after {at_leave:.0f} tokens"
+        left = f"the client went away at {at_leave:.0f} tokens"
+        return "aborted", f"freed {freed_after_s:.2f} s after {left}, {tokens - before:.0f} in all"
+    finally:
+        next(client, None)  # the client's last step: its checks and the close of what it still holds
+
+
+@pytest.mark.parametrize("shape", DISCONNECTS)
+def test_a_client_that_goes_away_frees_the_engine(stack: Stack, shape: str) -> None:
+    """Proved with vLLM's own counters: requests running back to 0 and generated tokens no longer growing within
+    10 s of the client going away (0.03-0.25 s on a quiet host), short of max_tokens (ignore_eos: only an abort
+    ends the request early). Under CPU contention a client's first chunks can arrive when the engine has already
+    decoded most of the request; such an attempt (half of max_tokens or more when the client leaves) cannot show an
+    abort either way and is run again, at most twice, and said so."""
+    for attempt in range(1, 4):
+        outcome, what = _goes_away(stack, shape)
+        if outcome == "aborted":
+            print(f"\n{shape}: {what} (attempt {attempt})")
+            return
+        assert outcome == "too late", f"{shape}: {what}"
+        print(f"\n{shape}: {what}: inconclusive, again")
+    pytest.fail(f"{shape}: in each of 3 attempts the client could leave only after half of max_tokens")
 
 
 def test_500_concurrent_h2c_streams_on_one_connection_complete(stack: Stack) -> None:
