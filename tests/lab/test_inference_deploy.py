@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ironserve_service.artifacts import RELEASE_NAME
 
 from ironserve.lab import remote
 from ironserve.lab.deploying import DeployResult, deploy, verify
 from ironserve.lab.inference import ENGINE_ENVIRONMENT, model_versions
 from ironserve.lab.state import LabHost
+from ironserve.validators import release_version
 from roles import stack_config
 from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH
 from tests.lab.conftest import lab_containers
@@ -81,10 +81,6 @@ def complete(
 
 def _status(host: LabHost) -> dict[str, Any]:
     return json.loads(remote.run(host, f"{SETTINGS.venv}/bin/ironserve-service status; true").splitlines()[-1])
-
-
-def _version(source: Path) -> str:
-    return str(json.loads((source / RELEASE_NAME).read_text())["version"])
 
 
 KEYS: dict[str, str] = {}  # host name -> its first API key, read after the first deploy
@@ -205,7 +201,8 @@ def test_a_version_change_in_the_inventory_is_a_hot_swap_without_failed_requests
     after = complete(served)[1]
     assert after != before and colours == {before, after}
     status = _status(served)
-    assert (status["active"], status["colour"], status["ready"]) == (_version(model_versions()["lab-v2"]), after, True)
+    v2 = release_version(model_versions()["lab-v2"])
+    assert (status["active"], status["colour"], status["ready"]) == (v2, after, True)
     assert remote.run(served, f"systemctl is-active ai-service@{before}.service; true").strip() == "inactive"
 
 
@@ -216,12 +213,13 @@ def test_with_keep_previous_the_drained_colour_stays_warm_and_a_rollback_to_it_s
     """The role leaves the warm colour alone (no drift, the gate passes with it running); `rollback` on the host
     then brings traffic back on the previous version without an engine start."""
     first = _status(served)
-    source = next(path for path in model_versions().values() if _version(path) != first["active"])
+    source = next(path for path in model_versions().values() if release_version(path) != first["active"])
     inventory = tmp_path / "lab_keep_warm.py"
     inventory.write_text(KEEP_WARM_INVENTORY.format(source=str(source)))
     _deployed(deploy([served], inventory=str(inventory), roles=ROLES))
     swapped = _status(served)
-    assert (swapped["active"], swapped["ready"]) == (_version(source), True) and swapped["colour"] != first["colour"]
+    assert (swapped["active"], swapped["ready"]) == (release_version(source), True)
+    assert swapped["colour"] != first["colour"]
     warm = f"ai-service@{first['colour']}.service"
     assert remote.run(served, f"systemctl is-active {warm}; true").strip() == "active"
 
