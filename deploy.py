@@ -13,7 +13,7 @@ Facts: pyinfra reads one per command; ironserve.reads fetches those the operatio
 from pyinfra.context import host, state
 
 from ironserve import reads
-from ironserve.deploying import config_for, known_to_inspect
+from ironserve.deploying import config_for, fleet_configs, known_to_inspect
 from ironserve.facts import ContainerKind, OsDistro
 from ironserve.reads import Read
 from ironserve.reboot import reboot_for_needs
@@ -25,7 +25,7 @@ known_to_inspect(__file__)
 reads.install(state)  # the facts operations declare are read in one round trip per host
 # Read while the roles are queued (which packages, whether this is a container): with the first facts fetched.
 reads.plan([Read(OsDistro), Read(ContainerKind)])
-run = HostRun(host.name)
+run = HostRun(host.name, fleet=fleet_configs(state, REGISTRY))
 # host.loop: pyinfra names an operation by the line numbers of its call stack, which roles share through the
 # one call below; the role's position in the registry keeps two roles' operations apart on every host.
 for role in host.loop(REGISTRY.roles):

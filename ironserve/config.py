@@ -69,7 +69,7 @@ class StackBase(BaseModel):
         alias="ironserve_roles",
         description='The roles this run applies, a list or "a,b" (kept in deploy order); `ironserve deploy --roles` '
         "sets it for one run.",
-        json_schema_extra={"default_shown": "every role"},
+        json_schema_extra={"default_shown": "every role but the opt-in kubernetes"},
     )
     reboot_policy: RebootPolicy = Field(
         "defer",
@@ -111,6 +111,11 @@ class Role:
     deploy: Callable[..., object]
     # Raises ValueError naming the key when the role cannot run with this host's config (a required key unset).
     check_deployable: Callable[[Any], None] | None = None
+    # The problems of the hosts that run this role taken together ({host: config}, inventory order), one line
+    # each: a layout the role cannot build from them (a worker with no control plane to join).
+    check_fleet: Callable[[Mapping[str, Any]], list[str]] | None = None
+    # Runs only where ironserve_roles names it (a layer a site adds, such as Kubernetes on a single server).
+    opt_in: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,11 @@ class Registry(Generic[S]):
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(role.name for role in self.roles)
+
+    @property
+    def default_names(self) -> tuple[str, ...]:
+        """The roles a host runs when its inventory names none: every role but the opt-in ones."""
+        return tuple(role.name for role in self.roles if not role.opt_in)
 
 
 class ConfigError(Exception):
@@ -546,7 +556,7 @@ def _assess(host: str, data: Mapping[str, Any], registry: Registry[Any]) -> _Ass
     problems += profile_problems
     if profile is None:
         dropped |= {"ironserve_profile", "ironserve_lock"} & set(given)
-    roles, roles_problems = _selected_roles(name, given.get("ironserve_roles", registry.names), registry.names)
+    roles, roles_problems = _selected_roles(name, given.get("ironserve_roles", registry.default_names), registry.names)
     problems += roles_problems
     skipped: set[str] = set() if roles is not None else set(registry.names)
 
@@ -569,7 +579,7 @@ def _assess(host: str, data: Mapping[str, Any], registry: Registry[Any]) -> _Ass
             "host": host,
             "ironserve_profile": stand_in_profile.name,
             "profile": stand_in_profile,
-            "ironserve_roles": roles or registry.names,
+            "ironserve_roles": roles or registry.default_names,
             **sections,
         }
         stack = _section(name, registry.stack, {**base, **top}, "ironserve_")

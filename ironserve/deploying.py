@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import types
+import weakref
 from typing import Any
 
 from pyinfra.api.exceptions import DeployError
@@ -36,6 +37,23 @@ def config_for(pyinfra_host: Any, registry: Registry[Any]) -> Any:
             "before pyinfra connects)"
         )
         raise DeployError(f"invalid inventory, nothing was changed:\n{exc}{hint}") from None
+
+
+_FLEETS: weakref.WeakKeyDictionary[Any, dict[str, StackBase]] = weakref.WeakKeyDictionary()
+
+
+def fleet_configs(state: Any, registry: Registry[Any]) -> dict[str, StackBase]:
+    """Every inventory host's validated config in inventory order, built once per deploy (pyinfra State); a host
+    whose data is invalid is left out (its own config_for stops it)."""
+    if state not in _FLEETS:
+        fleet = {}
+        for pyinfra_host in state.inventory:
+            try:
+                fleet[pyinfra_host.name] = validate_host(pyinfra_host.name, host_data(pyinfra_host), registry)
+            except ConfigError:
+                continue
+        _FLEETS[state] = fleet
+    return _FLEETS[state]
 
 
 def known_to_inspect(path: str) -> None:

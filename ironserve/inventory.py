@@ -233,4 +233,14 @@ def validate_inventory(hosts: list[InventoryHost], registry: Registry[Any]) -> t
             problems.extend(str(exc).splitlines())
     if not hosts:
         problems.append("the inventory lists no hosts")
+    problems += fleet_problems(configs, registry)
     return configs, problems
+
+
+def fleet_problems(configs: Mapping[str, StackBase], registry: Registry[Any]) -> list[str]:
+    """Each role's problems with the valid hosts that run it, taken together (Role.check_fleet)."""
+    problems: list[str] = []
+    for role in registry.roles:
+        if role.check_fleet is not None:
+            problems += role.check_fleet({name: c for name, c in configs.items() if role.name in c.roles})
+    return problems

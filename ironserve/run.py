@@ -7,8 +7,9 @@ no role reads another's module state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ironserve.reboot import RebootCheck
 
@@ -40,6 +41,9 @@ class HostRun:
     """One host's shared state in one deploy run."""
 
     host: str
+    # Every host's validated config, in inventory order: what a role needs to know of the others (which host
+    # starts a cluster the others join).
+    fleet: Mapping[str, Any] = field(default_factory=dict)
     # Set while operations are prepared and again when a BIOS apply executes (the gate reads it then).
     bmc: BmcObservation | None = None
     # This run changes the BIOS: hardware read before the change must be read again after it.

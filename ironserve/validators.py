@@ -306,6 +306,19 @@ def check_port(port: int | None, what: str) -> None:
         raise ValueError(f"{what}: port {port} is outside 1-65535; accepted: a port from 1 to 65535")
 
 
+def check_binary_keyring(value: str) -> str:
+    """A repository's signing key on the deploy machine, as apt's `signed-by` needs it: a binary keyring."""
+    path = Path(value)
+    if not path.is_file():
+        raise ValueError(f"{value} is not a file on this machine; accepted: the repository's keyring file")
+    if path.read_bytes()[:64].lstrip().startswith(b"-----BEGIN PGP"):
+        raise ValueError(
+            f"{value} is an ASCII-armoured key; apt's signed-by needs a binary keyring: "
+            f"`gpg --dearmor < {path.name} > {path.stem}.gpg`, then name that file"
+        )
+    return value
+
+
 # --- versions -------------------------------------------------------------------------------------------------
 
 # The catalog's model-version-naming: YYYYMMDD-HHMMSS, a real UTC time (as `ironserve-service seal` names them).

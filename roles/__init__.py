@@ -20,6 +20,8 @@ from roles.host_tuning import host_tuning
 from roles.host_tuning.settings import HostTuningSettings
 from roles.inference import inference, inference_deployable
 from roles.inference.settings import InferenceSettings
+from roles.kubernetes import cluster_layout_problems, kubernetes, kubernetes_deployable
+from roles.kubernetes.settings import KubernetesSettings
 from roles.nvidia import nvidia, nvidia_deployable
 from roles.nvidia.settings import NvidiaSettings
 from roles.preflight import preflight
@@ -37,12 +39,13 @@ class StackConfig(StackBase):
     host_tuning: HostTuningSettings
     security: SecuritySettings
     container_runtime: ContainerRuntimeSettings
+    kubernetes: KubernetesSettings
     inference: InferenceSettings
 
 
 # In order: the BIOS through the iDRAC and the preflight gate stop a physically wrong host before
 # anything is installed; then the pinned NVIDIA set, the OS tuning, the security boundary, the runtime,
-# and the inference service on top.
+# Kubernetes where a site opts in, and the inference service on top.
 REGISTRY = Registry(
     stack=StackConfig,
     roles=(
@@ -52,6 +55,14 @@ REGISTRY = Registry(
         Role("host_tuning", HostTuningSettings, host_tuning),
         Role("security", SecuritySettings, security),
         Role("container_runtime", ContainerRuntimeSettings, container_runtime),
+        Role(
+            "kubernetes",
+            KubernetesSettings,
+            kubernetes,
+            kubernetes_deployable,
+            check_fleet=cluster_layout_problems,
+            opt_in=True,
+        ),
         Role("inference", InferenceSettings, inference, inference_deployable),
     ),
 )

@@ -12,6 +12,9 @@ under their real names, the container toolkit's default `config.toml`, the drive
 stand-in of Debian's `dkms` (ironserve/lab/standin_dkms.py) at a version above Debian 12's, so that `Depends:
 dkms` resolves to it in the lab. Beside the repository the server offers what else a site mirrors: stand-in
 driver runfiles at NVIDIA's download path and stand-in cuda-samples archives at GitHub's.
+The same server and key also stand for pkgs.k8s.io: under `kubernetes/core:/stable:/v1.31/deb/` a flat
+repository of stand-in kubeadm, kubelet, kubectl, cri-tools and kubernetes-cni (ironserve/lab/standin_kubernetes.py)
+with pkgs.k8s.io's versions, control fields and systemd files, the pinned set and newer decoys.
 Packages are built with `dpkg-deb`, indexed with `dpkg-scanpackages` (dpkg-dev)
 and signed with `gpg` (gnupg); the signing key is generated once into the cache, never committed.
 
@@ -46,6 +49,7 @@ MODULE = "ironserve.lab.aptrepo"  # how servers are started, and recognised by t
 HERE = Path(__file__).resolve().parent
 NVIDIA_SMI = HERE / "standin_nvidia_smi.py"
 DKMS = HERE / "standin_dkms.py"
+KUBERNETES = HERE / "standin_kubernetes.py"
 DISTROS = ("debian12",)  # the lab runs Debian 12; the layout of NVIDIA's repository: <distro>/x86_64/
 ARCH_DIR = "x86_64"
 KEY_UID = "ironserve lab NVIDIA mirror <lab-mirror@ironserve.invalid>"
@@ -64,6 +68,9 @@ class StandinPackage:
     depends: str = ""
     postinst: str = ""
     prerm: str = ""
+    section: str = "multiverse/devel"  # NVIDIA's repositories' section
+    homepage: str = ""
+    upstream: str = "NVIDIA's"  # whose package name and version the stand-in carries
 
 
 # --- what the packages contain -----------------------------------------------------------------------------
@@ -557,6 +564,167 @@ def cuda_samples_sha256(tag: str) -> str:
     return hashlib.sha256(cuda_samples_tarball(tag)).hexdigest()
 
 
+# --- the Kubernetes repository: pkgs.k8s.io's layout and package names --------------------------------------------
+
+# pkgs.k8s.io has one flat repository per minor release, `deb [signed-by=...] <base>/v1.31/deb/ /` with
+# base https://pkgs.k8s.io/core:/stable: (colons and all); the mirror keeps that path under its own root.
+KUBERNETES_BASE = "kubernetes/core:/stable:"
+KUBERNETES_MINOR = "v1.31"
+KUBERNETES_HOMEPAGE = "https://kubernetes.io"
+KUBERNETES_UPSTREAM = "pkgs.k8s.io's"
+KUBERNETES_REVISION = "1.1"  # the Debian revision pkgs.k8s.io gives every package (kubeadm 1.31.4-1.1)
+# Depends of kubelet 1.31.4-1.1: kubernetes/release's kubelet.spec as debbuild renders it (iptables (>= 1.4.21),
+# kubernetes-cni, iproute2, mount, util-linux, ethtool, conntrack; socat and ebtables were dropped before 1.31.4:
+# upgrading kubelet 1.31.0 to 1.31.4 from pkgs.k8s.io leaves them "no longer required"), kubernetes-cni at the
+# minimum its metadata.yaml sets from kubelet 1.28 on. Every one of them is a Debian 12 package.
+KUBELET_DEPENDS = "iptables (>= 1.4.21), kubernetes-cni (>= 1.2.0), iproute2, mount, util-linux, ethtool, conntrack"
+# kubeadm depends on cri-tools (>= 1.30.0) from 1.30 to 1.31 and on nothing from 1.32 on (krel's metadata.yaml).
+KUBEADM_DEPENDS = {"1.31": "cri-tools (>= 1.30.0)"}
+
+# The kubelet package's unit and the kubeadm package's drop-in, as pkgs.k8s.io's debs install them under
+# /usr/lib/systemd/system (kubernetes/release#3392): krel's templates/latest/kubelet/kubelet.service and
+# templates/latest/kubeadm/10-kubeadm.conf, whose EnvironmentFile the deb build turns into /etc/default/kubelet
+# (kubernetes/release#3279, and #3625 for the kubelet package's /etc/default/kubelet itself).
+KUBELET_SERVICE = """[Unit]
+Description=kubelet: The Kubernetes Node Agent
+Documentation=https://kubernetes.io/docs/
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart=/usr/bin/kubelet
+Restart=always
+StartLimitInterval=0
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+"""
+KUBEADM_DROPIN = """# Note: This dropin only works with kubeadm and kubelet v1.11+
+[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
+# This is a file that "kubeadm init" and "kubeadm join" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+# This is a file that the user can use for overrides of the kubelet args as a last resort. Preferably, the user should use
+# the .NodeRegistration.KubeletExtraArgs object in the configuration files instead. KUBELET_EXTRA_ARGS should be sourced from this file.
+EnvironmentFile=-/etc/default/kubelet
+ExecStart=
+ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
+"""  # noqa: E501
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")  # a few of kubernetes-cni's /opt/cni/bin plugins
+
+
+def kubernetes_repo_path(minor: str = KUBERNETES_MINOR) -> str:
+    """Where the mirror serves a minor release's repository, relative to its base URL (pkgs.k8s.io's path)."""
+    return f"{KUBERNETES_BASE}/{minor}/deb"
+
+
+def _kubernetes_files(package: str, programs: dict[str, str], version: str) -> Files:
+    """The stand-in (standin_kubernetes.py) in the package's own folder, and a wrapper per program path."""
+    module = f"/usr/lib/ironserve-lab/{package}/kubernetes.py"
+    files: Files = {module: (KUBERNETES.read_text(), 0o644)}
+    for program_path, tool in programs.items():
+        files[program_path] = (
+            f"#!/bin/sh\n# ironserve lab stand-in of {tool} v{version} ({package} {version}-{KUBERNETES_REVISION})\n"
+            f'IRONSERVE_STANDIN_KUBERNETES_VERSION={version} exec python3 {module} {tool} "$@"\n',
+            0o755,
+        )
+    return files
+
+
+def _kubernetes_package(
+    name: str, version: str, summary: str, section: str, files: Files, depends: str = "", postinst: str = ""
+) -> StandinPackage:
+    return StandinPackage(
+        name,
+        f"{version}-{KUBERNETES_REVISION}",
+        summary,
+        files,
+        depends=depends,
+        postinst=postinst,
+        section=section,
+        homepage=KUBERNETES_HOMEPAGE,
+        upstream=KUBERNETES_UPSTREAM,
+    )
+
+
+def kubernetes_core_packages(version: str) -> list[StandinPackage]:
+    """kubeadm, kubelet and kubectl at `version`, with pkgs.k8s.io's sections and summaries."""
+    minor = ".".join(version.split(".")[:2])
+    kubeadm_files = _kubernetes_files("kubeadm", {"/usr/bin/kubeadm": "kubeadm"}, version)
+    kubeadm_files["/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf"] = (KUBEADM_DROPIN, 0o644)
+    kubelet_files = _kubernetes_files("kubelet", {"/usr/bin/kubelet": "kubelet"}, version)
+    kubelet_files |= {
+        "/usr/lib/systemd/system/kubelet.service": (KUBELET_SERVICE, 0o644),
+        "/etc/default/kubelet": ("KUBELET_EXTRA_ARGS=\n", 0o644),
+        # dpkg keeps no empty folders: the real package ships these markers for them (kubelet.spec)
+        "/var/lib/kubelet/.kubelet-keep": ("", 0o644),
+        "/etc/kubernetes/manifests/.kubelet-keep": ("", 0o644),
+    }
+    return [
+        _kubernetes_package(
+            "kubeadm",
+            version,
+            "Command-line utility for administering a Kubernetes cluster",
+            "admin",
+            kubeadm_files,
+            depends=KUBEADM_DEPENDS.get(minor, ""),
+        ),
+        _kubernetes_package(
+            "kubelet",
+            version,
+            "Node agent for Kubernetes clusters",
+            "net",
+            kubelet_files,
+            depends=KUBELET_DEPENDS,
+            postinst="#!/bin/sh\nsystemctl daemon-reload >/dev/null 2>&1 || true\n",
+        ),
+        _kubernetes_package(
+            "kubectl",
+            version,
+            "Command-line utility for interacting with a Kubernetes cluster",
+            "admin",
+            _kubernetes_files("kubectl", {"/usr/bin/kubectl": "kubectl"}, version),
+        ),
+    ]
+
+
+def cri_tools_package(version: str) -> StandinPackage:
+    summary = "Command-line utility for interacting with a container runtime"
+    files = _kubernetes_files("cri-tools", {"/usr/bin/crictl": "crictl"}, version)
+    return _kubernetes_package("cri-tools", version, summary, "admin", files)
+
+
+def kubernetes_cni_package(version: str) -> StandinPackage:
+    plugins = {f"/opt/cni/bin/{plugin}": f"cni-{plugin}" for plugin in CNI_PLUGINS}
+    files = _kubernetes_files("kubernetes-cni", plugins, version)
+    summary = "Binaries required to provision kubernetes container networking"
+    return _kubernetes_package("kubernetes-cni", version, summary, "net", files)
+
+
+def kubernetes_catalog() -> list[StandinPackage]:
+    """The v1.31 repository: the pinned set and newer decoys that apt would pick without the pins."""
+    return [
+        *kubernetes_core_packages("1.31.4"),
+        cri_tools_package("1.31.1"),
+        kubernetes_cni_package("1.5.1"),
+        *kubernetes_core_packages("1.31.9"),
+        *kubernetes_core_packages("1.32.0"),
+        cri_tools_package("1.32.0"),
+        kubernetes_cni_package("1.6.0"),
+    ]
+
+
+def _build_kubernetes_repository(index_dir: Path) -> None:
+    """pkgs.k8s.io's flat layout: the .debs in amd64/, the signed index beside them, and Release.key."""
+    (index_dir / "amd64").mkdir(parents=True)
+    for package in kubernetes_catalog():
+        build_deb(package, index_dir / "amd64")
+    _index_and_sign(index_dir, "ironserve lab Kubernetes mirror", "amd64")
+    (index_dir / "Release.key").write_bytes(_gpg("--armor", "--export", KEY_UID))
+
+
 # --- building ------------------------------------------------------------------------------------------------
 
 
@@ -599,12 +767,15 @@ def _control(package: StandinPackage, installed_kib: int) -> str:
         "Architecture: amd64",
         "Maintainer: ironserve lab <lab-mirror@ironserve.invalid>",
         f"Installed-Size: {max(installed_kib, 1)}",
-        "Section: multiverse/devel",
+        f"Section: {package.section}",
         "Priority: optional",
     ]
     if package.depends:
         lines.append(f"Depends: {package.depends}")
-    lines.append(f"Description: {package.description}\n ironserve lab stand-in with NVIDIA's package name and version.")
+    if package.homepage:
+        lines.append(f"Homepage: {package.homepage}")
+    note = f"ironserve lab stand-in with {package.upstream} package name and version."
+    lines.append(f"Description: {package.description}\n {note}")
     return "\n".join(lines) + "\n"
 
 
@@ -642,11 +813,11 @@ def build_deb(package: StandinPackage, out_dir: Path) -> Path:
         return deb
 
 
-def _release(index_dir: Path) -> str:
+def _release(index_dir: Path, label: str) -> str:
     entries = {"MD5Sum": "md5", "SHA256": "sha256"}
     lines = [
         "Origin: ironserve-lab",
-        "Label: ironserve lab NVIDIA mirror",
+        f"Label: {label}",
         "Architectures: amd64",
         f"Date: {formatdate(usegmt=True)}",
     ]
@@ -658,16 +829,17 @@ def _release(index_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _index_and_sign(index_dir: Path) -> None:
+def _index_and_sign(index_dir: Path, label: str, debs: str = ".") -> None:
+    """Packages (of the .debs under `debs`, relative to `index_dir`), Release, InRelease and Release.gpg."""
     packages = subprocess.run(
-        ["dpkg-scanpackages", "--multiversion", ".", "/dev/null"],
+        ["dpkg-scanpackages", "--multiversion", debs, "/dev/null"],
         cwd=index_dir,
         capture_output=True,
         check=True,
     ).stdout
     (index_dir / "Packages").write_bytes(packages)
     (index_dir / "Packages.gz").write_bytes(gzip.compress(packages, mtime=0))
-    release = _release(index_dir)
+    release = _release(index_dir, label)
     (index_dir / "Release").write_text(release)
     (index_dir / "InRelease").write_bytes(_gpg("--local-user", KEY_UID, "--clearsign", stdin=release.encode()))
     (index_dir / "Release.gpg").write_bytes(
@@ -676,8 +848,8 @@ def _index_and_sign(index_dir: Path) -> None:
 
 
 def _fingerprint() -> str:
-    """What the built repository depends on: this builder, the nvidia-smi and dkms stand-ins, the key."""
-    digest = hashlib.sha256(Path(__file__).read_bytes() + NVIDIA_SMI.read_bytes() + DKMS.read_bytes())
+    """What the built repository depends on: this builder, the stand-in programs it ships, the key."""
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in (Path(__file__), NVIDIA_SMI, DKMS, KUBERNETES)))
     if key_path().exists():
         digest.update(key_path().read_bytes())
     return digest.hexdigest()
@@ -703,8 +875,9 @@ def ensure_built() -> Path:
                 index_dir.mkdir(parents=True)
                 for deb in built:  # NVIDIA's repositories are flat: the .debs sit beside the index
                     os.link(deb, index_dir / deb.name)
-                _index_and_sign(index_dir)
+                _index_and_sign(index_dir, "ironserve lab NVIDIA mirror")
             shutil.rmtree(debs)
+            _build_kubernetes_repository(staging / kubernetes_repo_path())
             for tag in CUDA_SAMPLES_TAGS:
                 tarball = staging / cuda_samples_path(tag)
                 tarball.parent.mkdir(parents=True, exist_ok=True)

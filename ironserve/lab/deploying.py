@@ -14,7 +14,7 @@ from ironserve.registry import registry
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Every role below the inference service: what the host-level lab tests and the convergence benchmark
 # deploy. The service has its own lab test; an engine per host would not fit a 2-core machine.
-HOST_ROLES = tuple(role for role in registry().names if role != "inference")
+HOST_ROLES = tuple(role for role in registry().default_names if role != "inference")
 GRAND_TOTAL = re.compile(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
 
 

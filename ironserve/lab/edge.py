@@ -7,7 +7,8 @@ lab's self-signed iDRAC certificate (its path and fingerprint in `extra`). A VM 
 boot unit of its simulated nvidia module (ironserve/lab/standin_module.py), off until a test flags it.
 After a Redfish reset the emulator writes the applied BIOS attributes into the host, so the stand-ins show it.
 `detach` stops the emulator. Both are idempotent; the emulator's pid and URL live in the lab state.
-Each host also gets its own server of the lab's signed NVIDIA apt mirror (ironserve/lab/aptrepo.py),
+Each host also gets its own server of the lab's signed apt mirror (ironserve/lab/aptrepo.py: NVIDIA's
+repository and pkgs.k8s.io's Kubernetes one under kubernetes/core:/stable:/v1.31/deb/, one key for both),
 started and stopped the same way (pid, URL and key path in the host's `extra`), and one of the lab's pip
 index of the engine lock's wheels (ironserve/lab/wheelhouse.py; pid and URL in `extra`).
 """

@@ -39,6 +39,9 @@ def _entry(host: state.LabHost) -> HostEntry:
         data["nvidia_cuda_samples_url"] = f"{host.extra['aptrepo_url']}/{aptrepo.cuda_samples_path(SAMPLES_TAG)}"
         data["nvidia_cuda_samples_sha256"] = aptrepo.cuda_samples_sha256(SAMPLES_TAG)
         data["nvidia_runfile_base_url"] = host.extra["aptrepo_url"]
+        # And for pkgs.k8s.io, signed by the same key: the base the kubernetes role appends /v<minor>/deb/ to.
+        data["kubernetes_repo_url"] = f"{host.extra['aptrepo_url']}/{aptrepo.KUBERNETES_BASE}"
+        data["kubernetes_repo_key"] = host.extra["aptrepo_key"]
     if host.extra.get("pip_index_url"):  # the lab pip index of the engine lock (ironserve/lab/wheelhouse.py)
         data["inference_pip_index_url"] = host.extra["pip_index_url"] + "/simple/"
     data.update(lab_inference.inventory_data())  # the CPU engine and the tiny model's sealed versions

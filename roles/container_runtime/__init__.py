@@ -24,8 +24,14 @@ from ironserve.owned import backed_up, backup_path, owned_directory, owned_file,
 from ironserve.reads import Read, read, reading_operation
 from ironserve.run import HostRun
 from ironserve.sysctl_boot import boot_sysctls_win
-from roles.container_runtime.containerd import ContainerdConfigError, nvidia_cli_keeps_cgroups, render_config
+from roles.container_runtime.containerd import (
+    ContainerdConfigError,
+    hosts_toml,
+    nvidia_cli_keeps_cgroups,
+    render_config,
+)
 from roles.container_runtime.facts import FSTAB_SWAP_LINE, KernelModules, SwapState
+from roles.container_runtime.settings import REGISTRY_CONFIG_PATH
 
 if TYPE_CHECKING:  # the registry imports this package
     from roles import StackConfig
@@ -149,6 +155,18 @@ def container_runtime(config: StackConfig, run: HostRun) -> None:
         p for d in (settings.cni_bin_dir, settings.cni_conf_dir) for p in (posixpath.dirname(d), d)
     ):
         owned_directory(name=f"CNI directory {path}", path=path, clear_immutable=frozen)
+    # containerd reads hosts.toml at each pull (CRI config_path): a mirror takes effect without a restart.
+    owned_directory(name="Registry mirror folder", path=REGISTRY_CONFIG_PATH, clear_immutable=frozen)
+    for registry, mirror in settings.registry_mirrors.items():
+        owned_directory(
+            name=f"Registry {registry} folder", path=f"{REGISTRY_CONFIG_PATH}/{registry}", clear_immutable=frozen
+        )
+        owned_file(
+            name=f"Registry {registry} pulls through {mirror}",
+            path=f"{REGISTRY_CONFIG_PATH}/{registry}/hosts.toml",
+            content=hosts_toml(registry, mirror),
+            clear_immutable=frozen,
+        )
     written = owned_file(
         name="containerd config.toml (schema-checked)",
         path=CONFIG,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from roles.container_runtime.settings import ContainerRuntimeSettings
+from roles.container_runtime.settings import CGROUP_DRIVER, REGISTRY_CONFIG_PATH, SOCKET, ContainerRuntimeSettings
 
 CRI = "io.containerd.grpc.v1.cri"
 DEVMAPPER = "io.containerd.snapshotter.v1.devmapper"
@@ -47,9 +47,15 @@ class CriCni(_Strict):
     conf_dir: str
 
 
+class CriRegistry(_Strict):
+    config_path: str
+
+
 class CriPlugin(_Strict):
+    sandbox_image: str
     containerd: CriContainerd
     cni: CriCni
+    registry: CriRegistry
 
 
 class DevmapperPlugin(_Strict):
@@ -81,19 +87,21 @@ class ContainerdConfigError(ValueError):
 
 def config_data(settings: ContainerRuntimeSettings) -> dict[str, Any]:
     def runtime(binary: str | None) -> dict[str, Any]:
-        options: dict[str, Any] = {"SystemdCgroup": True}
+        options: dict[str, Any] = {"SystemdCgroup": CGROUP_DRIVER == "systemd"}
         if binary:
             options["BinaryName"] = binary
         return {"runtime_type": RUNC_V2, "options": options}
 
     plugins: dict[str, Any] = {
         CRI: {
+            "sandbox_image": settings.sandbox_image,
             "containerd": {
                 "snapshotter": settings.snapshotter,
                 "default_runtime_name": settings.default_runtime,
                 "runtimes": {"runc": runtime(None), "nvidia": runtime(settings.nvidia_binary)},
             },
             "cni": {"bin_dir": settings.cni_bin_dir, "conf_dir": settings.cni_conf_dir},
+            "registry": {"config_path": REGISTRY_CONFIG_PATH},
         }
     }
     if settings.snapshotter == "devmapper":
@@ -106,7 +114,7 @@ def config_data(settings: ContainerRuntimeSettings) -> dict[str, Any]:
         "version": 2,
         "root": "/var/lib/containerd",
         "state": "/run/containerd",
-        "grpc": {"address": "/run/containerd/containerd.sock"},
+        "grpc": {"address": SOCKET},
         "plugins": plugins,
     }
 
@@ -158,6 +166,18 @@ def render_config(settings: ContainerRuntimeSettings) -> str:
     )
     check_config(text)
     return text
+
+
+def hosts_toml(registry: str, mirror: str) -> str:
+    """containerd's hosts.toml for `registry`: pulls go to `mirror` first, then the registry itself
+    (containerd docs/hosts.md); docker.io's upstream is registry-1.docker.io."""
+    upstream = "https://registry-1.docker.io" if registry == "docker.io" else f"https://{registry}"
+    return (
+        "# Managed by ironserve (roles/container_runtime): pull through the site's mirror.\n"
+        f"server = {_value(upstream)}\n\n"
+        f"[host.{_value(mirror)}]\n"
+        '  capabilities = ["pull", "resolve"]\n'
+    )
 
 
 # --- /etc/nvidia-container-runtime/config.toml (NVIDIA container toolkit) -------------------------------------

@@ -28,6 +28,16 @@ SIZE = re.compile(r"[1-9][0-9]{0,5}(MB|GB|TB)")
 # mode suffixes (.cdi, .legacy).
 NVIDIA_RUNTIME = re.compile(r"(/usr/bin|/usr/local/bin|/usr/local/nvidia/toolkit)/nvidia-container-runtime(\.[a-z]+)?")
 
+# containerd's CRI socket and the cgroup driver of every runtime ironserve registers (SystemdCgroup = true,
+# cri-systemd-cgroup): what the kubelet is configured with, from here.
+SOCKET = "/run/containerd/containerd.sock"
+CGROUP_DRIVER = "systemd"
+REGISTRY_CONFIG_PATH = "/etc/containerd/certs.d"
+# An image reference: registry host[:port], path, tag (the distribution reference grammar, without digests).
+IMAGE = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+REGISTRY = re.compile(r"[a-z0-9.-]+(:[0-9]+)?")
+MIRROR_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~/-]*)?")
+
 DevmapperRoot = Annotated[str, path_rule(("/var/lib/containerd",), example="/var/lib/containerd/devmapper")]
 
 
@@ -50,6 +60,26 @@ def _module(value: str) -> str:
 def _dm_name(value: str) -> str:
     if not fullmatch(DM_NAME, value):
         raise ValueError("is not a device-mapper name; accepted: A-Z a-z 0-9 _ . + - (no /), such as containerd-pool")
+    return value
+
+
+def _image(value: str) -> str:
+    if not fullmatch(IMAGE, value):
+        raise ValueError("is not an image reference; accepted: REGISTRY/PATH:TAG such as registry.k8s.io/pause:3.10")
+    return value
+
+
+def _registry(value: str) -> str:
+    if not fullmatch(REGISTRY, value):
+        raise ValueError("is not a registry host; accepted: HOST or HOST:PORT such as registry.k8s.io")
+    return value
+
+
+def _mirror(value: str) -> str:
+    if not fullmatch(MIRROR_URL, value):
+        raise ValueError(
+            "is not a mirror URL; accepted: http(s)://HOST[:PORT][/PATH] such as https://mirror.example:5000"
+        )
     return value
 
 
@@ -102,6 +132,18 @@ class ContainerRuntimeSettings(RoleSettings):
         alias="container_runtime_devmapper_base_image_size",
         description="devmapper only: each image's base size.",
     )
+    sandbox_image: Annotated[str, AfterValidator(_image)] = Field(
+        "registry.k8s.io/pause:3.10",
+        alias="container_runtime_sandbox_image",
+        description="The pause image of every pod (CRI `sandbox_image`), as kubeadm 1.31 expects it; a site "
+        "names its registry mirror's copy.",
+    )
+    registry_mirrors: dict[Annotated[str, AfterValidator(_registry)], Annotated[str, AfterValidator(_mirror)]] = Field(
+        default_factory=dict,
+        alias="container_runtime_registry_mirrors",
+        description="Registry host -> mirror URL pulls go to first (containerd's hosts.toml under "
+        "/etc/containerd/certs.d, CRI `config_path`), e.g. `{registry.k8s.io: https://mirror.example:5000}`.",
+    )
     cni_bin_dir: Annotated[
         str, path_rule(("/opt/cni", "/usr/lib/cni", "/usr/libexec/cni"), inclusive=True, example="/opt/cni/bin")
     ] = Field(
@@ -139,6 +181,15 @@ class ContainerRuntimeSettings(RoleSettings):
         alias="container_runtime_swap_off",
         description="The kubelet refuses swap: `swapoff -a` and the swap lines of /etc/fstab commented out.",
     )
+
+    @property
+    def cgroup_driver(self) -> str:
+        """The cgroup driver of containerd's runtimes, which the kubelet must use too."""
+        return CGROUP_DRIVER
+
+    @property
+    def socket(self) -> str:
+        return SOCKET
 
     @field_validator("sysctls", mode="before")
     @classmethod

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ironserve.config import LOCAL_PATH, RoleSettings
 from ironserve.secrets import credentials_refused, private_file
-from ironserve.validators import SHA256, path_rule
+from ironserve.validators import SHA256, check_binary_keyring, path_rule
 
 # Where CUDA toolkits live: NVIDIA's packages and runfile install under /usr/local, some sites under /opt.
 CUDA_ROOTS = ("/usr/local", "/opt")
@@ -238,17 +238,7 @@ class NvidiaSettings(RoleSettings):
     @field_validator("repo_key")
     @classmethod
     def _binary_keyring(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        path = Path(value)
-        if not path.is_file():
-            raise ValueError(f"{value} is not a file on this machine; accepted: the repository's keyring file")
-        if path.read_bytes()[:64].lstrip().startswith(b"-----BEGIN PGP"):
-            raise ValueError(
-                f"{value} is an ASCII-armoured key; apt's signed-by needs a binary keyring: "
-                f"`gpg --dearmor < {path.name} > {path.stem}.gpg`, then name that file"
-            )
-        return value
+        return None if value is None else check_binary_keyring(value)
 
     def skipped_components(self) -> tuple[str, ...]:
         """Lock components the profile pins but this host does not install from apt."""

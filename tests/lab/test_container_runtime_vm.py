@@ -70,3 +70,47 @@ def test_containerd_answers_and_memory_max_reaches_the_kernel(deployed_vm: LabHo
 def test_second_run_changes_nothing(deployed_vm: LabHost) -> None:
     again = deploy([deployed_vm], roles=SECURITY_RUNTIME)
     assert (again.returncode, again.changed) == (0, 0), again.output
+
+
+THIN_POOL = "ironserve-test-pool"
+THIN_POOL_FILES = "/var/lib/ironserve-test-thinpool"
+
+
+def test_devmapper_on_a_loop_backed_thin_pool_is_ok_then_overlayfs_again(deployed_vm: LabHost) -> None:
+    """cri-devmapper-snapshotter: with a thin-pool on the host (here two loop devices under device-mapper's
+    thin-pool target, as containerd's devmapper docs set one up; an LVM thin LV is the same target),
+    container_runtime_snapshotter devmapper makes containerd's devmapper plugin load (`ctr plugins ls`: ok)."""
+    # 512 MiB data, 64 MiB metadata: thin-pool <metadata> <data> <block size: 128 sectors> <low water mark>.
+    remote.run(
+        deployed_vm,
+        f"mkdir -p {THIN_POOL_FILES} && cd {THIN_POOL_FILES} && truncate -s 512M data && truncate -s 64M meta && "
+        "modprobe dm_thin_pool && data=$(losetup --find --show data) && meta=$(losetup --find --show meta) && "
+        f'dmsetup create {THIN_POOL} --table "0 $(blockdev --getsz $data) thin-pool $meta $data 128 32768 1 '
+        'skip_block_zeroing"',
+    )
+    devmapper = (
+        "--data",
+        "container_runtime_snapshotter=devmapper",
+        "--data",
+        f"container_runtime_devmapper_pool_name={THIN_POOL}",
+    )
+    try:
+        result = deploy([deployed_vm], roles=SECURITY_RUNTIME, pyinfra_args=devmapper)
+        assert result.returncode == 0, result.output
+        plugins = remote.run(deployed_vm, "ctr plugins ls")
+        status = [
+            row.split()[-1]
+            for row in plugins.splitlines()
+            if "io.containerd.snapshotter.v1" in row and " devmapper " in row
+        ]
+        assert status == ["ok"], plugins
+        assert 'snapshotter = "devmapper"' in remote.run(deployed_vm, "containerd config dump")
+    finally:
+        back = deploy([deployed_vm], roles=SECURITY_RUNTIME)
+        remote.run(
+            deployed_vm,
+            f"dmsetup remove {THIN_POOL}; for f in data meta; do losetup -j {THIN_POOL_FILES}/$f | cut -d: -f1 | "
+            f"xargs -r losetup -d; done; rm -rf {THIN_POOL_FILES}",
+        )
+    assert back.returncode == 0, back.output
+    assert 'snapshotter = "overlayfs"' in remote.run(deployed_vm, "containerd config dump")

@@ -28,6 +28,7 @@ from pyinfra.context import ctx_host, ctx_state
 from ironserve import reads
 from ironserve.lock import StackLock
 from ironserve.reads import freeze
+from roles.kubernetes.settings import KubernetesSettings
 
 # A command as a test compares it: the shell text, a `function:<name>` marker, or a dict for what a string
 # cannot say alone (an upload; a command whose logged form masks a secret: {"raw": ..., "masked": ...}).
@@ -161,7 +162,7 @@ def render(command: Any) -> Rendered:
 
 
 # Models an operation may take, built from their JSON form by the annotation's name.
-MODELS: dict[str, type[BaseModel]] = {"StackLock": StackLock}
+MODELS: dict[str, type[BaseModel]] = {"StackLock": StackLock, "KubernetesSettings": KubernetesSettings}
 
 
 def op_arguments(operation: Callable[..., Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -219,6 +219,12 @@ HOST_TUNING: list[Case] = [
 ]
 
 CONTAINER_RUNTIME: list[Case] = [
+    ("container_runtime_sandbox_image", "pause:3.10", ("not an image reference",)),
+    ("container_runtime_sandbox_image", "registry.k8s.io/pause", ("not an image reference",)),
+    ("container_runtime_sandbox_image", "registry.k8s.io/pause:3.10\n", ("not an image reference",)),
+    ("container_runtime_registry_mirrors", {"registry.k8s.io": "mirror.example"}, ("not a mirror URL",)),
+    ("container_runtime_registry_mirrors", {"https://registry.k8s.io": "https://m.example"}, ("not a registry host",)),
+    ("container_runtime_registry_mirrors", {"docker.io": "https://m.example/$(id)"}, ("not a mirror URL",)),
     ("container_runtime_sysctls", {"net.ipv4.ip_forward": "on"}, (INTEGER,)),
     ("container_runtime_sysctls", {"net.ipv4.ip_forward": "2"}, (INTEGER, "from 0 to 1")),
     ("container_runtime_sysctls", {"net.ipv4.ip_forward": "01"}, (INTEGER,)),
@@ -389,7 +395,43 @@ NVIDIA: list[Case] = [
     ("nvidia_shim_validation_disabled", "ignore", ("'proceed' or 'refuse'",)),
 ]
 
-CASES = SECURITY + HOST_TUNING + CONTAINER_RUNTIME + INFERENCE + PREFLIGHT + BIOS + NVIDIA
+KUBERNETES: list[Case] = [
+    ("kubernetes_version", "v1.31.4", ("written with a v", "accepted: 1.31.4")),
+    ("kubernetes_version", "1.31", ("MAJOR.MINOR.PATCH",)),
+    ("kubernetes_version", "1.30.8", ("older than 1.31", "v1beta4")),
+    ("kubernetes_version", "1.31.4; rm -rf /", ("MAJOR.MINOR.PATCH",)),
+    ("kubernetes_version", "latest", ("MAJOR.MINOR.PATCH",)),
+    ("kubernetes_package_revision", "1.1 ", ("pattern",)),
+    ("kubernetes_cri_tools_version", "1.31.1-1.1\n", ("pattern",)),
+    ("kubernetes_cni_version", "latest", ("pattern",)),
+    ("kubernetes_repo_url", "https://pkgs.k8s.io/core:/stable:/", ("pattern",)),
+    ("kubernetes_repo_url", "ftp://mirror/k8s", ("pattern",)),
+    ("kubernetes_repo_key", "/nonexistent/kubernetes.gpg", ("not a file on this machine",)),
+    ("kubernetes_role", "master", ("control-plane", "worker")),
+    ("kubernetes_control_plane_endpoint", "k8s api:6443", ("not a host name",)),
+    ("kubernetes_control_plane_endpoint", "k8s-api.example:99999", ("1-65535",)),
+    ("kubernetes_advertise_address", "r740-01", ("not an IP address",)),
+    ("kubernetes_api_server_port", 0, ("greater than or equal to 1",)),
+    ("kubernetes_node_name", "R740_01", ("not a Node name",)),
+    ("kubernetes_pod_subnet", "10.244.0.1/16", ("CIDR", "host bits")),
+    ("kubernetes_pod_subnet", "10.244.0.0/28", ("fewer than 256",)),
+    ("kubernetes_service_subnet", "10.96.0.0/33", ("CIDR",)),
+    ("kubernetes_dns_domain", "Cluster.Local", ("pattern",)),
+    ("kubernetes_cluster_name", "my cluster", ("pattern",)),
+    ("kubernetes_image_repository", "https://registry.k8s.io", ("pattern",)),
+    ("kubernetes_kube_proxy", "maybe", ("valid boolean",)),
+    ("kubernetes_kubelet", {"cgroupDrivr": "systemd"}, ("cgroupDrivr", "unknown key", "did you mean cgroupDriver")),
+    ("kubernetes_kubelet", {"maxPods": "lots"}, ("maxPods", "integer")),
+    ("kubernetes_kubelet", {"cgroup_driver": "systemd"}, ("cgroup_driver", "unknown key", "did you mean cgroupDriver")),
+    (
+        "kubernetes_cluster",
+        {"apiServer": {"certSAN": ["k8s.example"]}},
+        ("certSAN", "unknown key", "accepted: certSANs"),
+    ),
+    ("kubernetes_cluster", {"clusterName": "x"}, ("kubernetes_cluster_name",)),
+]
+
+CASES = SECURITY + HOST_TUNING + CONTAINER_RUNTIME + KUBERNETES + INFERENCE + PREFLIGHT + BIOS + NVIDIA
 
 
 def _id(case: Case) -> str:

@@ -54,6 +54,7 @@ OPERATION_MODULES = (
     "roles.host_tuning",
     "roles.nvidia.operations",
     "roles.container_runtime",
+    "roles.kubernetes.operations",
     "roles.security",
     "roles.inference.operations",
     "roles.preflight",

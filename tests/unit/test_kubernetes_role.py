@@ -1,0 +1,323 @@
+"""roles/kubernetes: the typed kubeadm/kubelet documents, the cgroup-driver check, the cluster layout refused at
+inventory load, and the join's handling of its bootstrap token."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from ironserve.config import ConfigError
+from ironserve.inventory import InventoryHost, validate_inventory
+from roles import REGISTRY, check_deployable, stack_config
+from roles.container_runtime.containerd import render_config
+from roles.kubernetes import models, repository_url, sources_line
+from roles.kubernetes.checks import cgroup_driver_problem
+from roles.kubernetes.operations import JOIN_DIR, JOIN_FILE, _join
+from roles.kubernetes.render import (
+    join_configuration,
+    kubeadm_config_yaml,
+    kubelet_configuration_yaml,
+)
+from roles.kubernetes.settings import KubernetesSettings
+
+FACTS = Path(__file__).parents[1] / "facts"
+UPSTREAM = yaml.safe_load((Path(__file__).parent / "samples" / "kubernetes-upstream-fields.yaml").read_text())
+SOCKET = "/run/containerd/containerd.sock"
+TOKEN = "abcdef.0123456789abcdef"
+CA_HASH = "sha256:" + "ab" * 32
+
+
+def settings(**data: Any) -> KubernetesSettings:
+    return KubernetesSettings.model_validate(data)
+
+
+def documents(text: str) -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in yaml.safe_load_all(text)}
+
+
+# --- the documents ---------------------------------------------------------------------------------------------
+
+
+def test_kubeadm_config_has_the_three_documents_kubeadm_init_reads() -> None:
+    docs = documents(kubeadm_config_yaml(settings(kubernetes_advertise_address="192.0.2.10"), "systemd", SOCKET))
+    assert set(docs) == {"InitConfiguration", "ClusterConfiguration", "KubeletConfiguration"}
+    assert docs["InitConfiguration"]["apiVersion"] == "kubeadm.k8s.io/v1beta4"
+    assert docs["InitConfiguration"]["nodeRegistration"] == {"criSocket": f"unix://{SOCKET}"}
+    assert docs["InitConfiguration"]["localAPIEndpoint"] == {"advertiseAddress": "192.0.2.10", "bindPort": 6443}
+    assert docs["InitConfiguration"]["skipPhases"] == ["addon/kube-proxy"]
+    assert docs["ClusterConfiguration"]["kubernetesVersion"] == "v1.31.4"
+    assert docs["ClusterConfiguration"]["networking"] == {
+        "podSubnet": "10.244.0.0/16",
+        "serviceSubnet": "10.96.0.0/12",
+        "dnsDomain": "cluster.local",
+    }
+    assert docs["KubeletConfiguration"]["cgroupDriver"] == "systemd"
+    assert docs["KubeletConfiguration"]["containerRuntimeEndpoint"] == f"unix://{SOCKET}"
+
+
+def test_kube_proxy_kept_when_asked_and_the_site_fields_are_merged() -> None:
+    site = settings(
+        kubernetes_kube_proxy=True,
+        kubernetes_control_plane_endpoint="k8s-api.example",
+        kubernetes_kubelet={"maxPods": 64, "systemReserved": {"cpu": "2"}},
+        kubernetes_cluster={"apiServer": {"certSANs": ["k8s-api.example"]}},
+    )
+    docs = documents(kubeadm_config_yaml(site, "systemd", SOCKET))
+    assert "skipPhases" not in docs["InitConfiguration"]
+    assert docs["ClusterConfiguration"]["controlPlaneEndpoint"] == "k8s-api.example:6443"
+    assert docs["ClusterConfiguration"]["apiServer"] == {"certSANs": ["k8s-api.example"]}
+    assert docs["KubeletConfiguration"]["maxPods"] == 64
+    assert docs["KubeletConfiguration"]["systemReserved"] == {"cpu": "2"}
+
+
+def test_every_rendered_document_passes_its_model_again() -> None:
+    text = kubeadm_config_yaml(settings(kubernetes_kubelet={"maxPods": 64}), "systemd", SOCKET)
+    by_kind = {"InitConfiguration": models.InitConfiguration, "ClusterConfiguration": models.ClusterConfiguration}
+    by_kind["KubeletConfiguration"] = models.KubeletConfiguration  # type: ignore[assignment]
+    for kind, document in documents(text).items():
+        assert by_kind[kind].model_validate(document).document() == document
+
+
+def test_the_join_configuration_carries_the_token_and_the_ca_hash() -> None:
+    worker = documents(join_configuration(settings(), SOCKET, "192.0.2.10:6443", TOKEN, CA_HASH))
+    discovery = worker["JoinConfiguration"]["discovery"]["bootstrapToken"]
+    assert discovery == {"apiServerEndpoint": "192.0.2.10:6443", "token": TOKEN, "caCertHashes": [CA_HASH]}
+    assert "controlPlane" not in worker["JoinConfiguration"]
+    plane = documents(join_configuration(settings(), SOCKET, "k8s:6443", TOKEN, CA_HASH, "0f" * 32))
+    assert plane["JoinConfiguration"]["controlPlane"] == {
+        "localAPIEndpoint": {"bindPort": 6443},
+        "certificateKey": "0f" * 32,
+    }
+
+
+def test_a_malformed_token_never_reaches_a_file() -> None:
+    with pytest.raises(ValueError, match="token"):
+        join_configuration(settings(), SOCKET, "k8s:6443", "not-a-token", CA_HASH)
+
+
+def test_the_repository_is_pkgs_k8s_io_per_minor_layout() -> None:
+    site = settings(kubernetes_version="1.32.1", kubernetes_repo_url="https://mirror.example/k8s/core:/stable:")
+    assert repository_url(site) == "https://mirror.example/k8s/core:/stable:/v1.32/deb/"
+    keyring = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
+    assert sources_line(site) == f"deb [signed-by={keyring}] https://mirror.example/k8s/core:/stable:/v1.32/deb/ /\n"
+    assert settings().packages() == {
+        "kubeadm": "1.31.4-1.1",
+        "kubelet": "1.31.4-1.1",
+        "kubectl": "1.31.4-1.1",
+        "cri-tools": "1.31.1-1.1",
+        "kubernetes-cni": "1.5.1-1.1",
+    }
+
+
+# --- field names checked against upstream ---------------------------------------------------------------------
+
+
+def _modelled() -> list[type[models.KubeModel]]:
+    return [
+        cls
+        for _, cls in inspect.getmembers(models, inspect.isclass)
+        if issubclass(cls, models.KubeModel) and cls is not models.KubeModel
+    ]
+
+
+@pytest.mark.parametrize("model", _modelled(), ids=lambda m: m.__name__)
+def test_every_field_name_is_upstreams(model: type[BaseModel]) -> None:
+    group = "kubelet.config.k8s.io/v1beta1" if model.__name__.startswith("Kubelet") else "kubeadm.k8s.io/v1beta4"
+    section = UPSTREAM[group]
+    upstream = set(section["types"][model.__name__]["fields"]) | set(
+        section.get("added_after", {}).get(model.__name__, [])
+    )
+    names = {field.alias or name for name, field in model.model_fields.items()}
+    assert names - upstream == set(), (
+        f"{model.__name__} has fields upstream's {section['types'][model.__name__]['upstream']} lacks"
+    )
+
+
+# --- the cgroup driver, one source of truth ------------------------------------------------------------------------
+
+
+def _containerd(**data: Any) -> str:
+    return render_config(stack_config("r740-01", data).container_runtime)
+
+
+def test_containerd_and_the_kubelet_ironserve_renders_agree() -> None:
+    kubelet = kubelet_configuration_yaml(settings(), "systemd", SOCKET)
+    assert cgroup_driver_problem(_containerd(), kubelet) is None
+
+
+@pytest.mark.parametrize(
+    ("kubelet", "words"),
+    [
+        (
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n",
+            "is cgroupfs",
+        ),
+        ("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n", "is cgroupfs"),  # kubelet's default
+        ("kind: KubeletConfiguration\ncgroupDriver: [systemd\n", "not YAML"),
+    ],
+)
+def test_a_kubelet_on_another_driver_is_caught(kubelet: str, words: str) -> None:
+    problem = cgroup_driver_problem(_containerd(), kubelet)
+    assert problem is not None and words in problem
+
+
+def test_a_containerd_runtime_on_cgroupfs_is_caught_by_name() -> None:
+    drifted = _containerd().replace("SystemdCgroup = true", "SystemdCgroup = false", 1)
+    problem = cgroup_driver_problem(drifted, kubelet_configuration_yaml(settings(), "systemd", SOCKET))
+    assert problem is not None and "runc uses cgroupfs" in problem and "nvidia" not in problem
+
+
+def test_debian_containerds_own_dump_agrees_with_the_kubelet_ironserve_renders() -> None:
+    # `containerd config dump` of Debian's containerd 1.6.20 with ironserve's config.toml, captured on a lab host.
+    case = FACTS / "roles.kubernetes.facts.ContainerdConfigInForce" / "debian-containerd-1.6.20.json"
+    dump = "\n".join(json.loads(case.read_text())["output"]) + "\n"
+    kubelet = kubelet_configuration_yaml(settings(), "systemd", SOCKET)
+    assert cgroup_driver_problem(dump, kubelet) is None
+    assert "is cgroupfs" in (cgroup_driver_problem(dump, kubelet.replace("systemd", "cgroupfs")) or "")
+
+
+def test_a_kubelet_cgroup_driver_that_is_not_containerds_is_refused_at_load() -> None:
+    config = stack_config(
+        "r740-01",
+        {"ironserve_roles": ["container_runtime", "kubernetes"], "kubernetes_repo_key": __file__,
+         "kubernetes_kubelet": {"cgroupDriver": "cgroupfs"}},
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="cgroupDriver cgroupfs is not containerd's systemd"):
+        check_deployable(config)
+
+
+def test_the_repository_key_is_required_when_the_role_runs() -> None:
+    config = stack_config("r740-01", {"ironserve_roles": ["kubernetes"]})
+    with pytest.raises(ConfigError, match="kubernetes_repo_key must be set"):
+        check_deployable(config)
+
+
+def test_the_role_is_opt_in() -> None:
+    assert "kubernetes" not in stack_config("r740-01", {}).roles
+    assert "kubernetes" in REGISTRY.names
+
+
+# --- the cluster's layout, refused at inventory load ----------------------------------------------------------------
+
+
+def _layout(*hosts: tuple[str, dict[str, Any]]) -> list[str]:
+    base = {"ironserve_roles": ["container_runtime", "kubernetes"], "kubernetes_repo_key": __file__}
+    entries = [InventoryHost(name=name, groups=(), data={**base, **data}) for name, data in hosts]
+    return validate_inventory(entries, REGISTRY)[1]
+
+
+def test_a_control_plane_and_workers_form_a_cluster() -> None:
+    assert (
+        _layout(
+            ("cp", {"kubernetes_advertise_address": "192.0.2.10"}),
+            ("w1", {"kubernetes_role": "worker"}),
+            ("w2", {"kubernetes_role": "worker"}),
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("hosts", "words"),
+    [
+        ((("w1", {"kubernetes_role": "worker"}),), "no host of the inventory is a control plane"),
+        (
+            (("cp1", {"kubernetes_advertise_address": "192.0.2.10"}), ("cp2", {})),
+            "2 control planes (cp1, cp2) need one kubernetes_control_plane_endpoint",
+        ),
+        ((("cp", {}), ("w1", {"kubernetes_role": "worker"})), "neither kubernetes_control_plane_endpoint nor"),
+        (
+            (
+                ("cp", {"kubernetes_control_plane_endpoint": "k8s-a.example"}),
+                ("w1", {"kubernetes_role": "worker", "kubernetes_control_plane_endpoint": "k8s-b.example"}),
+            ),
+            "host w1: kubernetes_control_plane_endpoint differs",
+        ),
+    ],
+)
+def test_an_impossible_layout_is_refused(hosts: tuple[tuple[str, dict[str, Any]], ...], words: str) -> None:
+    problems = _layout(*hosts)
+    assert any(words in p for p in problems), problems
+
+
+def test_hosts_without_the_role_are_not_part_of_the_cluster() -> None:
+    data = {"ironserve_roles": ["container_runtime"], "kubernetes_role": "worker"}
+    hosts = [InventoryHost(name="w1", groups=(), data=data)]
+    assert validate_inventory(hosts, REGISTRY)[1] == []
+
+
+# --- the join: a token from the first control plane, never on a command line or left on disk ----------------
+
+
+class Output:
+    def __init__(self, stdout: str = "", stderr: str = "") -> None:
+        self.stdout_lines = stdout.splitlines()
+        self.stderr_lines = stderr.splitlines()
+
+
+class Shell:
+    """A host that answers commands from a table and records them (the lab test runs the real thing)."""
+
+    def __init__(self, name: str, answers: dict[str, tuple[bool, str]]) -> None:
+        self.name, self.answers, self.commands, self.files = name, answers, [], {}
+
+    def run_shell_command(self, command: Any, **_: Any) -> tuple[bool, Output]:
+        text = command.get_raw_value()
+        self.commands.append(text)
+        for prefix, (ok, out) in self.answers.items():
+            if text.startswith(prefix):
+                return ok, Output(out if ok else "", "" if ok else out)
+        return True, Output()
+
+    def put_file(self, data: Any, path: str, **_: Any) -> bool:
+        self.files[path] = data.read().decode()
+        return True
+
+
+class Inventory:
+    def __init__(self, *hosts: Shell) -> None:
+        self.hosts = {h.name: h for h in hosts}
+
+    def get_host(self, name: str, default: Any = None) -> Any:
+        return self.hosts.get(name, default)
+
+
+class Run:
+    def __init__(self, *hosts: Shell) -> None:
+        self.inventory = Inventory(*hosts)
+        self.activated_hosts = set(hosts)
+        self.failed_hosts: set[Shell] = set()
+
+
+def _plane() -> Shell:
+    return Shell("cp", {"kubeadm token create": (True, TOKEN + "\n"), "openssl x509": (True, "ab" * 32 + "  -\n")})
+
+
+@pytest.mark.parametrize("join_works", [True, False])
+def test_the_token_travels_only_in_the_uploaded_file_which_is_removed(join_works: bool) -> None:
+    plane = _plane()
+    worker = Shell("w1", {"kubeadm join": (join_works, f"error: token {TOKEN} rejected")})
+    run: Any = Run(plane, worker)
+    if join_works:
+        assert _join(run, worker, settings(), SOCKET, "cp", "192.0.2.10:6443", False) is True
+    else:
+        with pytest.raises(Exception, match="kubeadm join failed on w1") as raised:
+            _join(run, worker, settings(), SOCKET, "cp", "192.0.2.10:6443", False)
+        assert TOKEN not in str(raised.value) and "0123456789abcdef" not in str(raised.value)
+    assert TOKEN in worker.files[JOIN_FILE]
+    assert not any(TOKEN in c or "0123456789abcdef" in c for c in plane.commands + worker.commands)
+    assert worker.commands[0].startswith(f"rm -rf {JOIN_DIR} && install -d -m 700")
+    assert worker.commands[-1] == f"rm -rf {JOIN_DIR}"
+
+
+def test_a_join_without_its_control_plane_in_the_run_says_so() -> None:
+    worker = Shell("w1", {})
+    run: Any = Run(worker)
+    with pytest.raises(Exception, match="first control plane cp is not part of this run"):
+        _join(run, worker, settings(), SOCKET, "cp", "192.0.2.10:6443", False)
