@@ -17,6 +17,7 @@ APT_PACKAGES=(
   curl                        # HTTP/2 (h2c) clients in the hot-swap tests
   stress-ng                   # memory pressure of the service's load-and-chaos gate
   python3-venv
+  golang-go gcc rsync jq      # build deps of Debian's kubernetes source package: the lab node (build-kubernetes.sh)
 )
 
 missing=()

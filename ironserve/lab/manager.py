@@ -6,7 +6,7 @@ import os
 import subprocess
 from collections.abc import Collection
 
-from ironserve.lab import container, edge, remote, state, vm
+from ironserve.lab import container, edge, kubernetes_control_plane, remote, state, vm
 from ironserve.lab.hardware import read_hardware_profile
 from ironserve.lab.state import LabHost
 
@@ -39,6 +39,7 @@ def down(names: Collection[str] | None = None) -> None:
     """Stop the named hosts (all when None), then what the hosts shared once none is left."""
     current = state.load()
     for host in [h for h in current.hosts if names is None or h.name in names]:
+        kubernetes_control_plane.detach(host)  # a lab Kubernetes node's control plane, if it has one
         edge.detach(host)
         (vm if host.kind == "vm" else container).stop(host, current)
     container.teardown_shared(current)

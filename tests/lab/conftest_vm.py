@@ -17,6 +17,16 @@ from ironserve.lab.hardware import DEFAULT_PROFILE
 from ironserve.lab.state import LabHost
 
 
+def require_vm() -> None:
+    """Skip, saying why, where VMs cannot start; IRONSERVE_REQUIRE_VM=1 (CI) turns that into a failure."""
+    missing = vm.missing_prerequisites()
+    if missing:
+        reason = "VM lab host cannot start: " + "; ".join(missing)
+        if os.environ.get("IRONSERVE_REQUIRE_VM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def vm_host() -> Iterator[LabHost]:
     """A running VM lab host with the default hardware profile, stopped after the session.
@@ -24,12 +34,7 @@ def vm_host() -> Iterator[LabHost]:
     Skips, saying why, where VMs cannot start; IRONSERVE_REQUIRE_VM=1 (CI) turns that into a failure.
     Tests share this VM: whatever a test changes and later tests do not expect, it puts back.
     """
-    missing = vm.missing_prerequisites()
-    if missing:
-        reason = "VM lab host cannot start: " + "; ".join(missing)
-        if os.environ.get("IRONSERVE_REQUIRE_VM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require_vm()
     names_before = {h.name for h in state.load().hosts}
     hosts: list[LabHost] = []
     try:

@@ -14,6 +14,7 @@ from roles.container_runtime.containerd import (
     DEVMAPPER,
     ContainerdConfigError,
     check_config,
+    hosts_toml,
     nvidia_cli_keeps_cgroups,
     render_config,
 )
@@ -35,6 +36,26 @@ def test_default_render() -> None:
     assert cri["cni"] == {"bin_dir": "/opt/cni/bin", "conf_dir": "/etc/cni/net.d"}
     assert DEVMAPPER not in data["plugins"]
     assert f"[{RUNTIMES}.runc.options]\nSystemdCgroup = true\n" in text
+
+
+def test_the_sandbox_image_and_the_registry_config_path_are_the_kubelets() -> None:
+    cri = tomllib.loads(render_config(SETTINGS))["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == "registry.k8s.io/pause:3.10"  # kubeadm 1.31's pause, the site's mirror by setting
+    assert cri["registry"] == {"config_path": "/etc/containerd/certs.d"}
+    mirrored = stack_config(
+        "h", {"container_runtime_sandbox_image": "mirror.example:5000/pause:3.10"}
+    ).container_runtime
+    assert 'sandbox_image = "mirror.example:5000/pause:3.10"' in render_config(mirrored)
+
+
+@pytest.mark.parametrize(
+    ("registry", "upstream"),
+    [("registry.k8s.io", "https://registry.k8s.io"), ("docker.io", "https://registry-1.docker.io")],
+)
+def test_a_mirror_is_tried_first_then_the_registry(registry: str, upstream: str) -> None:
+    # containerd's hosts.toml (docs/hosts.md): `server` is the registry itself, each [host."..."] a mirror.
+    data = tomllib.loads(hosts_toml(registry, "https://mirror.example:5000"))
+    assert data == {"server": upstream, "host": {"https://mirror.example:5000": {"capabilities": ["pull", "resolve"]}}}
 
 
 def test_nvidia_default_and_devmapper() -> None:
