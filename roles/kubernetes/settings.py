@@ -151,12 +151,14 @@ class KubernetesSettings(RoleSettings):
     kubelet: KubeletConfiguration = Field(
         default_factory=KubeletConfiguration,
         alias="kubernetes_kubelet",
+        json_schema_extra={"default_shown": "`{}`"},
         description="KubeletConfiguration fields (upstream names, e.g. `{maxPods: 64, systemReserved: {cpu: "
         "'2'}}`), unknown ones refused; cgroupDriver and containerRuntimeEndpoint come from container_runtime.",
     )
     cluster: ClusterConfiguration = Field(
         default_factory=ClusterConfiguration,
         alias="kubernetes_cluster",
+        json_schema_extra={"default_shown": "`{}`"},
         description="More ClusterConfiguration fields (e.g. `{apiServer: {certSANs: [...]}}`), unknown ones "
         "refused; those with a kubernetes_* key of their own are set there.",
     )
@@ -211,7 +213,8 @@ class KubernetesSettings(RoleSettings):
     @field_validator("cluster")
     @classmethod
     def _cluster_fields_with_own_keys(cls, value: ClusterConfiguration) -> ClusterConfiguration:
-        taken = [f"{value.model_fields[name].alias} (set with {key})" for name, key in OWN_CLUSTER_FIELDS.items()
+        fields = ClusterConfiguration.model_fields
+        taken = [f"{fields[name].alias} (set with {key})" for name, key in OWN_CLUSTER_FIELDS.items()
                  if getattr(value, name) is not None]  # fmt: skip
         if taken:
             raise ValueError("sets fields that have keys of their own: " + ", ".join(taken))

@@ -455,13 +455,23 @@ CHAOS = {"enabled": True, "users": 8, "warmup_s": 5, "load_s": 20, "settle_s": 2
 def test_a_p99_that_moves_under_memory_pressure_refuses_the_swap(stack: Stack) -> None:
     """locust on the candidate, then again under stress-ng: the P99 rises by more than 15 %, so the swap stops
     before the etcd write, the candidate is stopped and the serving colour keeps all traffic."""
-    before = etcd_values(stack)
-    serving = next(c for c in COLOURS if stack.launcher_pid(c) is not None)
-    target = "v1" if before[stack.settings.swap.active_key] == "v2" else "v2"
-    lines: list[str] = []
-    result = swap.swap(stack.settings.model_copy(update={"chaos": ChaosSettings(**CHAOS)}), "qwen2-7b", target,
-                       log=lines.append)  # fmt: skip
-    print("\n" + "\n".join(line for line in lines if "load-chaos" in line) + f"\n{result.detail}")
+    for attempt in (1, 2):
+        before = etcd_values(stack)
+        serving = next(c for c in COLOURS if stack.launcher_pid(c) is not None)
+        target = "v1" if before[stack.settings.swap.active_key] == "v2" else "v2"
+        lines: list[str] = []
+        result = swap.swap(stack.settings.model_copy(update={"chaos": ChaosSettings(**CHAOS)}), "qwen2-7b", target,
+                           log=lines.append)  # fmt: skip
+        print("\n" + "\n".join(line for line in lines if "load-chaos" in line) + f"\n{result.detail}")
+        change = re.search(r"under stress-ng \(([+-]?\d+)%", result.detail)
+        if attempt == 1 and result.ok and change and int(change.group(1)) <= 0:
+            # The baseline was the slower phase (a stall on the shared 2-core host; seen once: 360 ms baseline,
+            # 280 ms under stress-ng): nothing was measured about the pressure. Undo the swap, measure again.
+            print(f"attempt 1 inconclusive ({change.group(1)}% under stress-ng): swapping back, measuring again")
+            back = swap.swap(stack.settings, "qwen2-7b", before[stack.settings.swap.active_key])
+            assert back.ok, back
+            continue
+        break
     assert not result.ok and result.gate == "load-chaos", result
     assert re.search(r"ms under stress-ng \(\+\d+%, allowed \+15%", result.detail), result.detail
     assert "key untouched, new instance stopped" in result.detail
