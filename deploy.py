@@ -20,12 +20,14 @@ from ironserve.reboot import reboot_for_needs
 from ironserve.run import HostRun
 from roles import REGISTRY
 
-config = config_for(host, REGISTRY)
+# Every host's config, validated once per run; this host's own check (config_for) only where it is invalid.
+fleet = fleet_configs(state, REGISTRY)
+config = fleet.get(host.name) or config_for(host, REGISTRY)
 known_to_inspect(__file__)
 reads.install(state)  # the facts operations declare are read in one round trip per host
 # Read while the roles are queued (which packages, whether this is a container): with the first facts fetched.
 reads.plan([Read(OsDistro), Read(ContainerKind)])
-run = HostRun(host.name, fleet=fleet_configs(state, REGISTRY))
+run = HostRun(host.name, fleet=fleet)
 # host.loop: pyinfra names an operation by the line numbers of its call stack, which roles share through the
 # one call below; the role's position in the registry keeps two roles' operations apart on every host.
 for role in host.loop(REGISTRY.roles):

@@ -51,11 +51,15 @@ class RebootNeed:
     took_effect: Callable[[Any], None]
 
 
-def read_on(pyinfra_host: Any, command: str) -> str:
-    """stdout of `command` on the host, from inside a FunctionCommand; raises when it fails."""
+def read_on(pyinfra_host: Any, command: str, secrets: tuple[str, ...] = ()) -> str:
+    """stdout of `command` on the host, from inside a FunctionCommand; raises when it fails, with the last lines
+    of its stderr, each of `secrets` in them masked."""
     status, output = pyinfra_host.run_shell_command(command)
     if not status:
-        raise OperationError(f"{command!r} failed on {pyinfra_host.name}")
+        said = "\n".join(output.stderr_lines[-5:]) or "no output"
+        for secret in secrets:
+            said = said.replace(secret, "***")
+        raise OperationError(f"{command!r} failed on {pyinfra_host.name}: {said}")
     return "\n".join(output.stdout_lines).strip()
 
 

@@ -14,6 +14,7 @@ from pyinfra.context import host, state
 
 from ironserve.operations import Commands, failing, report
 from ironserve.reads import Read, read, reading_operation
+from ironserve.reboot import read_on
 from roles.kubernetes.checks import cgroup_driver_problem
 from roles.kubernetes.facts import ContainerdConfigInForce, KubeadmNode
 from roles.kubernetes.render import join_configuration
@@ -110,17 +111,6 @@ def node_joined(
     yield FunctionCommand(_join, (settings, socket, control_plane, endpoint, as_control_plane), {})
 
 
-def _run(on: Any, command: str, secrets: tuple[str, ...] = ()) -> str:
-    """stdout of `command` on pyinfra host `on`; OperationError with its stderr (secrets masked) when it fails."""
-    ok, output = on.run_shell_command(StringCommand(command), print_output=False, print_input=False)
-    if not ok:
-        said = "\n".join(output.stderr_lines[-5:]) or "no output"
-        for secret in secrets:
-            said = said.replace(secret, "***")
-        raise OperationError(f"{command.split(' --')[0]} failed on {on.name}: {said}")
-    return "\n".join(output.stdout_lines).strip()
-
-
 # pyinfra passes (state, host) to a FunctionCommand only when its parameters carry exactly those names.
 def _join(
     state: State,
@@ -138,22 +128,22 @@ def _join(
             "a join needs a token from it"
         )
     description = shlex.quote(f"ironserve: join {host.name}")
-    token = _run(first, f"kubeadm token create --ttl {JOIN_TOKEN_TTL} --description {description}").splitlines()[-1]
+    token = read_on(first, f"kubeadm token create --ttl {JOIN_TOKEN_TTL} --description {description}").splitlines()[-1]
     if not TOKEN.fullmatch(token):
         raise OperationError(f"kubeadm token create on {control_plane} printed no bootstrap token")
-    digest = _run(first, CA_HASH_COMMAND).split()[0]
+    digest = read_on(first, CA_HASH_COMMAND).split()[0]
     certificate_key = None
     if as_control_plane:
-        certificate_key = _run(first, "kubeadm init phase upload-certs --upload-certs").splitlines()[-1]
+        certificate_key = read_on(first, "kubeadm init phase upload-certs --upload-certs").splitlines()[-1]
         if not CERTIFICATE_KEY.fullmatch(certificate_key):
             raise OperationError(f"kubeadm init phase upload-certs on {control_plane} printed no certificate key")
     secrets = (token, token.split(".")[1]) + ((certificate_key,) if certificate_key else ())
     content = join_configuration(settings, socket, endpoint, token, f"sha256:{digest}", certificate_key)
-    _run(host, f"rm -rf {JOIN_DIR} && install -d -m 700 -o root -g root {JOIN_DIR}")
+    read_on(host, f"rm -rf {JOIN_DIR} && install -d -m 700 -o root -g root {JOIN_DIR}")
     try:
         if not host.put_file(io.BytesIO(content.encode()), JOIN_FILE, print_output=False, print_input=False):
             raise OperationError(f"could not write {JOIN_FILE} on {host.name}")
-        _run(host, f"kubeadm join --config {JOIN_FILE}", secrets)
+        read_on(host, f"kubeadm join --config {JOIN_FILE}", secrets)
     finally:
-        _run(host, f"rm -rf {JOIN_DIR}")
+        read_on(host, f"rm -rf {JOIN_DIR}")
     return True
