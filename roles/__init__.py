@@ -14,6 +14,8 @@ from typing import Any
 from ironserve.config import Registry, Role, StackBase, build_config, check_roles_deployable
 from roles.bios import bios
 from roles.bios.settings import BiosSettings
+from roles.cluster_addons import cluster_addons, cluster_addons_deployable
+from roles.cluster_addons.settings import ClusterAddonsSettings
 from roles.container_runtime import container_runtime
 from roles.container_runtime.settings import ContainerRuntimeSettings
 from roles.host_tuning import host_tuning
@@ -40,12 +42,13 @@ class StackConfig(StackBase):
     security: SecuritySettings
     container_runtime: ContainerRuntimeSettings
     kubernetes: KubernetesSettings
+    cluster_addons: ClusterAddonsSettings
     inference: InferenceSettings
 
 
 # In order: the BIOS through the iDRAC and the preflight gate stop a physically wrong host before
 # anything is installed; then the pinned NVIDIA set, the OS tuning, the security boundary, the runtime,
-# Kubernetes where a site opts in, and the inference service on top.
+# Kubernetes and its add-ons where a site opts in, and the inference service on top.
 REGISTRY = Registry(
     stack=StackConfig,
     roles=(
@@ -63,6 +66,7 @@ REGISTRY = Registry(
             check_fleet=cluster_layout_problems,
             opt_in=True,
         ),
+        Role("cluster_addons", ClusterAddonsSettings, cluster_addons, cluster_addons_deployable, opt_in=True),
         Role("inference", InferenceSettings, inference, inference_deployable),
     ),
 )

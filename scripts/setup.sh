@@ -20,6 +20,10 @@ APT_PACKAGES=(
   golang-go gcc rsync jq      # build deps of Debian's kubernetes source package: the lab node (build-kubernetes.sh)
 )
 
+# npm fetches the add-ons' custom resource schemas (scripts/fetch-crd-schemas.sh); a machine whose nodejs already
+# ships it (NodeSource's conflicts with Debian's npm) keeps its own.
+command -v npm >/dev/null || APT_PACKAGES+=(npm)
+
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
@@ -42,6 +46,9 @@ if [ ! -e "$stamp" ]; then
   rm -f "$VENV"/.ironserve-*
   touch "$stamp"
 fi
+
+# The add-ons' custom resource schemas (roles/cluster_addons/crd-schemas.lock), outside the repository.
+IRONSERVE_CACHE="$CACHE" PYTHON="$VENV/bin/python" bash scripts/fetch-crd-schemas.sh
 
 # The CPU build of vLLM that the service's engine tests run for real (its own venv: it pins its own torch).
 IRONSERVE_ENGINE_VENV="${IRONSERVE_ENGINE_VENV:-$CACHE/vllm-venv}" PYTHON="$VENV/bin/python" bash service/scripts/setup-engine.sh

@@ -1,10 +1,15 @@
-"""The lab Kubernetes node's control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler.
+"""The lab's Kubernetes 1.20.2 control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler.
 
 They run on this machine, bound to 127.0.0.1 on free ports, as children of one supervisor
-(`python -m ironserve.lab.kubernetes_control_plane serve`). It stops them when it is stopped, when the VM's
-qemu is gone, or when one of them dies; a SIGKILLed supervisor takes them along (PR_SET_PDEATHSIG). Its pid
-is in the VM host's `extra`, so `ironserve lab down` stops it. They write only under the lab directory.
-The certificates and kubeconfigs are the real kubeadm's. See kubernetes_node.py for the whole node.
+(`python -m ironserve.lab.kubernetes_control_plane serve`). It stops them when it is stopped, when the lab
+host's first process (a VM's qemu, a container host's supervisor) is gone, or when one of them dies; a
+SIGKILLed supervisor takes them along (PR_SET_PDEATHSIG). Its pid is in the host's `extra`, so
+`ironserve lab down` stops it. They write only under the lab directory. The certificates and kubeconfigs
+are the real kubeadm's.
+
+Two uses: a VM host gets a kubelet as well (kubernetes_node.py, the whole node); a container host is only
+the control plane's lifetime, for API-only tests (server-side apply, the controllers, RBAC, subresources)
+with no node at all. ControlPlane's methods call the API with the standard library only.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import base64
 import contextlib
 import ctypes
+import io
 import json
 import os
 import shutil
@@ -23,10 +29,12 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -42,7 +50,14 @@ HOST_LOOPBACK_FROM_VM = "10.0.2.2"
 SERVICE_CIDR = "10.96.0.0/12"
 START_TIMEOUT_S = 180.0  # the API server's /readyz on 2 cores shared with a TCG VM
 STOP_TIMEOUT_S = 4.0  # within servers.stop's 5 s before it SIGKILLs the supervisor
-RECORDED_KEYS = ("kubernetes_pid", "kubernetes_dir", "kubernetes_api")  # in the VM host's `extra`
+RECORDED_KEYS = ("kubernetes_pid", "kubernetes_dir", "kubernetes_api")  # in the host's `extra`
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply; JSON is YAML, so the body is sent as JSON
+WAIT_TIMEOUT_S = 120.0  # the controllers' first objects on 2 cores, their informers still syncing
+TOKEN_EXPIRATION_S = 3600  # TokenRequest's default; the API server refuses less than 600
+
+T = TypeVar("T")
 
 
 def build_dir() -> Path:
@@ -58,7 +73,11 @@ def ensure_built() -> Path:
 
 @dataclass(frozen=True)
 class ControlPlane:
-    """A running control plane: where its files are and how to call its API as the cluster admin."""
+    """A running control plane: where its files are and how to call its API as the cluster admin or as a token.
+
+    Every call raises urllib.error.HTTPError on an error answer; its message ends with the server's own
+    (the Status object's `message`) and `read()` still gives the whole answer.
+    """
 
     directory: Path
     api_port: int
@@ -68,14 +87,18 @@ class ControlPlane:
     def api_url(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One API call as system:masters; raises urllib.error.HTTPError with the server's answer on failure."""
-        data = json.dumps(body).encode() if body is not None else None
-        call = urllib.request.Request(self.api_url + path, data=data, method=method)
-        call.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(call, context=_admin_tls(self.directory), timeout=30) as answer:
-            result: dict[str, Any] = json.loads(answer.read() or b"{}")
-            return result
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, content_type: str = JSON
+    ) -> dict[str, Any]:
+        """One API call as system:masters (the admin's client certificate)."""
+        return _call(self.api_url + path, method, body, content_type, _admin_tls(self.directory), {})
+
+    def request_as(
+        self, token: str, method: str, path: str, body: dict[str, Any] | None = None, content_type: str = JSON
+    ) -> dict[str, Any]:
+        """One API call with `token` as its only credential (a bearer token; the server checked by the cluster CA)."""
+        context = ssl.create_default_context(cafile=str(self.directory / "pki" / "ca.crt"))
+        return _call(self.api_url + path, method, body, content_type, context, {"Authorization": f"Bearer {token}"})
 
     def ready(self) -> bool:
         try:
@@ -85,6 +108,157 @@ class ControlPlane:
         except (OSError, urllib.error.URLError):
             return False
 
+    def resource_path(self, obj: dict[str, Any]) -> str:
+        """The REST path of `obj` (apiVersion, kind, metadata.name and, where namespaced, metadata.namespace).
+
+        The resource's plural and scope come from the API server's discovery of that group version, so any
+        kind it serves works (CustomResourceDefinitions' kinds too, once established).
+        """
+        api_version, kind, metadata = obj["apiVersion"], obj["kind"], obj["metadata"]
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        served = self.request("GET", base)["resources"]
+        found = [r for r in served if r["kind"] == kind and "/" not in r["name"]]  # not a subresource
+        if not found:
+            kinds = ", ".join(sorted({r["kind"] for r in served if "/" not in r["name"]}))
+            raise LookupError(f"{api_version} serves no kind {kind} (it serves {kinds})")
+        plural, namespaced = found[0]["name"], bool(found[0]["namespaced"])
+        if not namespaced:
+            return f"{base}/{plural}/{metadata['name']}"
+        namespace = metadata.get("namespace")
+        if not namespace:
+            raise ValueError(f"{kind} {metadata['name']} is namespaced: set metadata.namespace")
+        return f"{base}/namespaces/{namespace}/{plural}/{metadata['name']}"
+
+    def apply(
+        self, obj: dict[str, Any], field_manager: str = "ironserve", dry_run: bool = False, force: bool = True
+    ) -> dict[str, Any]:
+        """Server-side apply of `obj` as `field_manager`: the object as the server stored it, or (dry_run) as it
+        would store it, with nothing stored. With `force` it takes over fields other managers own; without,
+        such a field is a 409 Conflict naming them."""
+        query = {"fieldManager": field_manager, "force": str(force).lower(), **({"dryRun": "All"} if dry_run else {})}
+        path = f"{self.resource_path(obj)}?{urllib.parse.urlencode(query)}"
+        return self.request("PATCH", path, obj, APPLY_PATCH)
+
+    def service_account_token(self, namespace: str, name: str, expiration_s: int = TOKEN_EXPIRATION_S) -> str:
+        """A token of the ServiceAccount, from its TokenRequest subresource (bound to the API server's audience).
+
+        Not the token Secret 1.20's token controller writes: TokenRequest answers at once (no waiting for the
+        controller), expires, and is the only way on 1.24 and newer, which write no such Secrets.
+        """
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_s},
+        }
+        answer = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", request)
+        return str(answer["status"]["token"])
+
+    def can_i(
+        self,
+        user: str,
+        verb: str,
+        resource: str,
+        *,
+        group: str = "",
+        subresource: str = "",
+        namespace: str = "",
+        name: str = "",
+        groups: list[str] | None = None,
+    ) -> bool:
+        """Whether the API server's authorizers (Node, RBAC) allow `user` the request, by a SubjectAccessReview
+        made as the admin. `groups` default to what the API server's authenticator gives `user`: a
+        ServiceAccount's (see service_account_user) are system:serviceaccounts, system:serviceaccounts:<ns>."""
+        attributes = {"verb": verb, "group": group, "resource": resource, "subresource": subresource}
+        attributes |= {"namespace": namespace, "name": name}
+        spec = {"user": user, "groups": authenticated_groups(user) if groups is None else groups}
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {**spec, "resourceAttributes": attributes},
+        }
+        answer = self.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+        return bool(answer["status"].get("allowed"))
+
+    def wait_for_object(
+        self,
+        path: str,
+        condition: Callable[[dict[str, Any]], bool] = lambda _: True,
+        timeout: float = WAIT_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        """GET `path` (an object or a list, as the admin) until `condition` holds for the answer; a 404 counts as
+        not yet. Raises TimeoutError with the last answer."""
+        last: list[object] = ["nothing"]
+
+        def check() -> dict[str, Any] | None:
+            try:
+                answer = self.request("GET", path)
+            except urllib.error.HTTPError as error:
+                if error.code != 404:
+                    raise
+                last[0] = str(error)
+                return None
+            last[0] = answer
+            return answer if condition(answer) else None
+
+        try:
+            return wait_for(check, timeout, path)
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}; last answer: {json.dumps(last[0])[:2000]}") from None
+
+
+def service_account_user(namespace: str, name: str) -> str:
+    """The user name a ServiceAccount's tokens authenticate as."""
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+def authenticated_groups(user: str) -> list[str]:
+    """The groups the API server's authenticators give `user` (a ServiceAccount's tokens, anyone's certificate)."""
+    if user.startswith("system:serviceaccount:"):
+        namespace = user.split(":")[2]
+        return ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+    return ["system:authenticated"]
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
+    """`check()`'s first truthy result, called every `interval` s; TimeoutError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not there within {timeout:.0f} s")
+        time.sleep(interval)
+
+
+def _call(
+    url: str,
+    method: str,
+    body: dict[str, Any] | None,
+    content_type: str,
+    context: ssl.SSLContext,
+    headers: dict[str, str],
+) -> dict[str, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    call = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type, **headers})
+    try:
+        with urllib.request.urlopen(call, context=context, timeout=30) as answer:
+            result: dict[str, Any] = json.loads(answer.read() or b"{}")
+            return result
+    except urllib.error.HTTPError as error:
+        raise _with_servers_message(error) from None
+
+
+def _with_servers_message(error: urllib.error.HTTPError) -> urllib.error.HTTPError:
+    """The same error, its message ending with the server's (a Status object's `message`), its answer readable."""
+    answer = error.read()
+    try:
+        message = str(json.loads(answer).get("message", ""))
+    except (ValueError, AttributeError):
+        message = answer.decode(errors="replace")[:500]
+    reason = f"{error.reason}: {message}" if message else str(error.reason)
+    return urllib.error.HTTPError(error.url, error.code, reason, error.headers, io.BytesIO(answer))
+
 
 def _admin_tls(directory: Path) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(directory / "pki" / "ca.crt"))
@@ -93,9 +267,12 @@ def _admin_tls(directory: Path) -> ssl.SSLContext:
 
 
 def attach(host: LabHost) -> ControlPlane:
-    """Start a control plane for the VM `host` (its hostname is the node's name) and record it for `lab down`."""
-    if host.kind != "vm":
-        raise ValueError(f"{host.name} is a {host.kind}: the kubelet needs a real kernel (a lab VM)")
+    """Start a control plane for `host` and record it in the host's `extra` for `lab down`.
+
+    Its supervisor watches the host's first process and stops with it. A VM host may then get a kubelet
+    (kubernetes_node.start_kubelet; its host name is the node's name, in the kubelet's kubeconfig); on a
+    container host it is an API server with controllers and no node.
+    """
     if host.extra.get("kubernetes_pid"):
         raise RuntimeError(f"{host.name} has a control plane already (pid {host.extra['kubernetes_pid']})")
     binaries = ensure_built()
@@ -112,7 +289,10 @@ def attach(host: LabHost) -> ControlPlane:
         supervisor = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     plane = ControlPlane(directory, api_port, supervisor.pid)
     recorded = {"kubernetes_pid": str(supervisor.pid), "kubernetes_dir": str(directory)}
-    recorded["kubernetes_api"] = f"https://{HOST_LOOPBACK_FROM_VM}:{api_port}"
+    # A VM reaches it through qemu's user network; a container host, in a network namespace of its own,
+    # cannot reach this machine's loopback, so what is recorded is where this machine reaches it.
+    address = HOST_LOOPBACK_FROM_VM if host.kind == "vm" else "127.0.0.1"
+    recorded["kubernetes_api"] = f"https://{address}:{api_port}"
     _record(host, recorded)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not plane.ready():
@@ -302,7 +482,7 @@ def main(argv: list[str] | None = None) -> None:
     serve_command.add_argument("--binaries", type=Path, required=True)
     serve_command.add_argument("--api-port", type=int, required=True)
     serve_command.add_argument("--etcd-ports", type=int, nargs=2, required=True, metavar=("CLIENT", "PEER"))
-    serve_command.add_argument("--watch-pid", type=int, help="exit when this process (the VM's qemu) is gone")
+    serve_command.add_argument("--watch-pid", type=int, help="exit when this process (the lab host's) is gone")
     args = parser.parse_args(argv)
     serve(args.directory, args.binaries, args.api_port, tuple(args.etcd_ports), args.watch_pid)
 

@@ -171,8 +171,12 @@ def kubelet_unit(node_name: str) -> str:
 def start_kubelet(host: LabHost, plane: ControlPlane, kubelet_config: str) -> None:
     """Check `kubelet_config` against the VM's containerd, then install the node's files and start the kubelet.
 
-    Raises KubeletRefused, having changed nothing in the VM, when ironserve's cgroup driver check fails.
+    Raises KubeletRefused, having changed nothing in the VM, when ironserve's cgroup driver check fails, and
+    ValueError for a container host: the kubelet writes kernel-global sysctls, cgroups and iptables, so it
+    needs a real kernel of its own (a lab VM). A container host's control plane has no node.
     """
+    if host.kind != "vm":
+        raise ValueError(f"{host.name} is a {host.kind}: the kubelet needs a real kernel (a lab VM)")
     problem = cgroup_driver_problem(containerd_config(host), kubelet_config)
     if problem:
         raise KubeletRefused(problem)

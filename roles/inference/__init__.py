@@ -20,11 +20,13 @@ from ironserve_service.slo import render_rules
 from pyinfra.api.deploy import deploy
 from pyinfra.operations import files, systemd
 
+from ironserve import manifests
 from ironserve.apt import installed
 from ironserve.operations import daemon_reloaded, restarted_when_stale
 from ironserve.owned import owned_directory, owned_file, render_template, unmasked
 from ironserve.run import HostRun
 from ironserve.validators import check_environment, systemd_quoted
+from roles.inference.kubernetes import deploy_objects, host_settings, kubernetes_layout, kubernetes_problems
 from roles.inference.operations import (
     api_keys_present,
     locked_environment,
@@ -44,6 +46,8 @@ TEMPLATES = package_files(__package__) / "templates"
 LOCK_PATH = "/opt/ironserve/requirements.lock"
 WHEEL_DIR = "/opt/ironserve/wheels"
 TMPFILES = "/etc/tmpfiles.d/ironserve.conf"
+KUBERNETES_DIR = Path("/etc/ironserve/kubernetes")
+KUBERNETES_OBJECTS = KUBERNETES_DIR / "ai-service.yaml"
 PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
 PROMETHEUS_RULES = "/etc/prometheus/ironserve-rules.yml"
 COMPONENTS = {  # unit -> (ironserve-service command, what it is, units it starts after)
@@ -231,9 +235,38 @@ def _prometheus(settings: ServiceSettings, frozen: bool) -> None:
     )
 
 
+def _kubernetes_host(config: StackConfig, settings: ServiceSettings, version: str) -> None:
+    """A cluster host in kubernetes mode: the model store the pods mount (read as security_uid/security_gid,
+    which roles/security gives the account), and the service's static objects (strictly validated at inventory
+    load, with both colours' Deployments) for `kubectl apply --server-side`; the colours are applied by the swap.
+    No engine unit, router or control loop runs on the host."""
+    _install_model(config, settings, version)
+    frozen = config.clear_immutable
+    owned_directory(name="/etc/ironserve", path=str(CONFIG_PATH.parent), clear_immutable=frozen)
+    owned_directory(name="The service's Kubernetes objects", path=str(KUBERNETES_DIR), clear_immutable=frozen)
+    owned_file(
+        name="Kubernetes objects of the service (strictly validated)",
+        path=str(KUBERNETES_OBJECTS),
+        content=manifests.dump_all(deploy_objects(config)),
+        clear_immutable=frozen,
+    )
+
+
 def inference_deployable(config: StackConfig) -> None:
-    """The index, the lock and the sealed model have no default; the engines need the security drop-in."""
+    """The index, the lock and the sealed model have no default; the engines need the security drop-in; in
+    kubernetes mode the cluster role and objects that pass strict validation at its pinned version."""
     security = config.security
+    kubernetes = config.inference.mode == "kubernetes"
+    if kubernetes and "kubernetes" not in config.roles:
+        raise ValueError(
+            "inference_mode kubernetes needs the kubernetes role on this host (ironserve_roles): the engines are "
+            "Deployments on its cluster"
+        )
+    if kubernetes and (security.uid is None or security.gid is None):
+        raise ValueError(
+            "inference_mode kubernetes needs security_uid and security_gid: the pods run as numbers, and read the "
+            "model store through the group, so the account must have the same numbers on every node"
+        )
     check_deployable(
         config.inference,
         security.model_dir,
@@ -241,13 +274,16 @@ def inference_deployable(config: StackConfig) -> None:
         security.slice,
         security.service_units,
         (security.state_dir, security.log_dir),
+        kubernetes_layout(config) if kubernetes else None,
     )
+    problems = kubernetes_problems(config) if kubernetes else []
+    if problems:
+        raise ValueError("its Kubernetes objects are invalid: " + "; ".join(problems))
 
 
 @deploy("Inference service")
 def inference(config: StackConfig, run: HostRun) -> None:
-    security = config.security
-    settings = config.inference.service_settings(security.model_dir, security.group, security.slice)
+    settings = host_settings(config)
     version = config.inference.version()
 
     model_store_ready(
@@ -259,6 +295,9 @@ def inference(config: StackConfig, run: HostRun) -> None:
         mount=config.inference.model_store_mount,
         headroom=config.inference.model_store_headroom,
     )
+    if config.inference.mode == "kubernetes":
+        _kubernetes_host(config, settings, version)
+        return
     _install_service(config)
     _install_model(config, settings, version)
     _configure(config, settings)

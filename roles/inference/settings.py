@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from ironserve_service.artifacts import MANIFEST_NAME, RELEASE_NAME, ArtifactError, parse_manifest
@@ -102,7 +102,15 @@ ROLE_OWNED = {
     ("swap", "listen_host"),
     ("swap", "api_keys_file"),
     ("release", "service_group"),
+    # Derived from the hardware profile and roles/security in kubernetes mode (see kubernetes_layout).
+    ("kubernetes", "gpus"),
+    ("kubernetes", "seccomp_profile"),
+    ("kubernetes", "capabilities"),
+    ("kubernetes", "run_as_user"),
+    ("kubernetes", "run_as_group"),
 }
+# What kubernetes mode needs in inference_service.kubernetes: nothing on the host can supply it.
+KUBERNETES_REQUIRED = ("image",)
 
 
 def _listen_address(value: str) -> str:
@@ -117,6 +125,15 @@ def _listen_address(value: str) -> str:
 
 class InferenceSettings(RoleSettings):
     """Settings of roles/inference."""
+
+    mode: Literal["systemd", "kubernetes"] = Field(
+        "systemd",
+        alias="inference_mode",
+        description="systemd: the blue/green engines are units on this host behind its Envoy router; kubernetes: "
+        "they are Deployments in namespace ai (roles/kubernetes on this host, security_uid and security_gid, the "
+        "image in inference_service.kubernetes), rendered from the same service settings and strictly validated at "
+        "inventory load; the host keeps the model store, and no engine unit is installed.",
+    )
 
     pip_index_url: Annotated[str, AfterValidator(_index_url)] | None = Field(
         None,
@@ -302,8 +319,17 @@ class InferenceSettings(RoleSettings):
         except ValueError as exc:
             raise ValueError(f"inference_models_root {path}: {exc}") from None
 
-    def service_settings(self, security_model_dir: str, service_group: str, service_slice: str) -> ServiceSettings:
-        """The host's service.yaml: the role's layout plus the inventory's overrides."""
+    def service_settings(
+        self,
+        security_model_dir: str,
+        service_group: str,
+        service_slice: str,
+        kubernetes_layout: dict[str, Any] | None = None,
+    ) -> ServiceSettings:
+        """The host's service.yaml: the role's layout plus the inventory's overrides.
+
+        `kubernetes_layout`: the kubernetes section's derived keys (GPUs, seccomp profile, capabilities), given
+        in kubernetes mode."""
         models_root = Path(self.models_root_path(security_model_dir))
         venv = Path(self.venv)
         overrides = self.service
@@ -330,6 +356,8 @@ class InferenceSettings(RoleSettings):
         data["release"] = {**data.get("release", {}), "service_group": service_group}
         # The load-and-chaos gate's memory pressure runs where the engines run (security_slice).
         data["chaos"] = {**data.get("chaos", {}), "slice": service_slice}
+        if kubernetes_layout is not None:
+            data["kubernetes"] = {**data.get("kubernetes", {}), **kubernetes_layout}
         return ServiceSettings.model_validate(data)
 
 
@@ -340,26 +368,38 @@ def check_deployable(
     service_slice: str,
     hardened_units: tuple[str, ...],
     service_dirs: tuple[str, ...] = (),
+    kubernetes_layout: dict[str, Any] | None = None,
 ) -> None:
     """Raise ValueError naming the inventory key when the role could not run with these settings.
 
     `service_dirs`: the directories the service account owns (security_state_dir, security_log_dir): the models
-    root, re-owned root:<group> 0750, must be apart from them.
+    root, re-owned root:<group> 0750, must be apart from them. `kubernetes_layout`: see service_settings.
     """
     template = ENGINE_UNIT.format(colour="")
-    if template not in hardened_units:
+    on_host = settings.mode == "systemd"
+    if on_host and template not in hardened_units:
         raise ValueError(
             f"security_service_units must include {template}: the engines run unprivileged, in the service slice, "
             "under the seccomp filter of roles/security's drop-in"
         )
-    for key, value in (
-        ("inference_pip_index_url", settings.pip_index_url),
-        ("inference_requirements", settings.requirements),
-        ("inference_model_source", settings.model_source),
-        ("inference_listen_address", settings.listen_address),
-    ):
+    required: list[tuple[str, object]] = [("inference_model_source", settings.model_source)]
+    if on_host:  # the engines' environment and listener are the image's and the cluster's in kubernetes mode
+        required += [
+            ("inference_pip_index_url", settings.pip_index_url),
+            ("inference_requirements", settings.requirements),
+            ("inference_listen_address", settings.listen_address),
+        ]
+    for key, value in required:
         if value is None:
             raise ValueError(f"{key} must be set for the inference role")
+    if not on_host:
+        given = settings.service.get("kubernetes", {})
+        missing = [key for key in KUBERNETES_REQUIRED if given.get(key) is None]
+        if missing:
+            raise ValueError(
+                f"inference_mode kubernetes needs inference_service.kubernetes.{', .'.join(missing)}: the engine "
+                "image by digest, built from inference_requirements"
+            )
     # Root runs the venv's programs and reads the models: neither may sit in a directory the service account owns
     # (it could replace them), nor hold one.
     models_root = settings.models_root_path(security_model_dir)
@@ -377,7 +417,7 @@ def check_deployable(
             "models root on that mount (inference_models_root or security_model_dir)"
         )
     try:
-        settings.service_settings(security_model_dir, service_group, service_slice)
+        settings.service_settings(security_model_dir, service_group, service_slice, kubernetes_layout)
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()

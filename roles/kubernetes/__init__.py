@@ -34,7 +34,6 @@ from roles.kubernetes.operations import cgroup_drivers_agree, cluster_initialise
 from roles.kubernetes.render import (
     KUBEADM_CONFIG,
     KUBELET_CONFIG,
-    control_plane_endpoint,
     kubeadm_config_yaml,
     kubelet_configuration_yaml,
     runtime_endpoint,
@@ -93,14 +92,14 @@ def cluster_layout_problems(fleet: Mapping[str, StackConfig]) -> list[str]:
                 "kubernetes_control_plane_endpoint (a load balancer or DNS name in front of every API server)"
             )
     if planes:
-        endpoint = control_plane_endpoint(cluster[planes[0]].kubernetes)
+        endpoint = cluster[planes[0]].kubernetes.client_endpoint
         joining = [n for n in (*planes[1:], *workers)]
         if endpoint is None and joining:
             problems.append(
                 f"host {planes[0]}: {', '.join(joining)} join this first control plane, which has neither "
                 "kubernetes_control_plane_endpoint nor kubernetes_advertise_address: set one"
             )
-        apart = sorted({n for n in joining if control_plane_endpoint(cluster[n].kubernetes) not in {None, endpoint}})
+        apart = sorted({n for n in joining if cluster[n].kubernetes.client_endpoint not in {None, endpoint}})
         if apart:
             problems.append(
                 f"host {', '.join(apart)}: kubernetes_control_plane_endpoint differs from the first control plane "
@@ -193,7 +192,7 @@ def kubernetes(config: StackConfig, run: HostRun) -> None:
     if config.host == first:
         cluster_initialised(name="Start the cluster (kubeadm init, once)", config_path=KUBEADM_CONFIG)
     else:
-        endpoint = control_plane_endpoint(run.fleet[first].kubernetes)
+        endpoint = run.fleet[first].kubernetes.client_endpoint
         assert endpoint is not None  # cluster_layout_problems
         node_joined(
             name="Join the cluster (kubeadm join, once)",

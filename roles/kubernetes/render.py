@@ -48,18 +48,6 @@ def _node_registration(settings: KubernetesSettings, socket: str) -> dict[str, A
     return registration
 
 
-def control_plane_endpoint(settings: KubernetesSettings) -> str | None:
-    """HOST:PORT of the API servers as clients reach them; None when kubeadm's own choice stands."""
-    given = settings.control_plane_endpoint
-    if given:
-        has_port = given.count(":") == 1 and given.rpartition(":")[2].isdigit()
-        return given if has_port else f"{given}:{settings.api_server_port}"
-    if settings.advertise_address:
-        address = settings.advertise_address
-        return f"[{address}]:{settings.api_server_port}" if ":" in address else f"{address}:{settings.api_server_port}"
-    return None
-
-
 def cluster_configuration(settings: KubernetesSettings) -> ClusterConfiguration:
     fields = settings.cluster.document()
     fields.update(
@@ -73,7 +61,7 @@ def cluster_configuration(settings: KubernetesSettings) -> ClusterConfiguration:
         },
     )
     if settings.control_plane_endpoint:
-        fields["controlPlaneEndpoint"] = control_plane_endpoint(settings)
+        fields["controlPlaneEndpoint"] = settings.client_endpoint
     return ClusterConfiguration.model_validate(fields)
 
 

@@ -245,3 +245,15 @@ class KubernetesSettings(RoleSettings):
             "cri-tools": self.cri_tools_version,
             "kubernetes-cni": self.cni_version,
         }
+
+    @property
+    def client_endpoint(self) -> str | None:
+        """HOST:PORT of the API servers as clients reach them; None when kubeadm's own choice stands."""
+        given = self.control_plane_endpoint
+        if given:
+            has_port = given.count(":") == 1 and given.rpartition(":")[2].isdigit()
+            return given if has_port else f"{given}:{self.api_server_port}"
+        if self.advertise_address:
+            address = self.advertise_address
+            return f"[{address}]:{self.api_server_port}" if ":" in address else f"{address}:{self.api_server_port}"
+        return None

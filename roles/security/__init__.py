@@ -17,11 +17,11 @@ from pyinfra.facts.server import Groups
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
-from ironserve.operations import Commands, report
+from ironserve.operations import Commands, failing, report
 from ironserve.owned import backed_up, owned_directory, owned_file
 from ironserve.reads import Read, read, reading_operation
 from ironserve.run import HostRun
-from roles.security.facts import AccountShape, ForeignDropins, PasswordState, SupplementaryGroups
+from roles.security.facts import AccountShape, ForeignDropins, GroupNumber, PasswordState, SupplementaryGroups
 from roles.security.seccomp import (
     DROPIN_NAME,
     SECCOMP_PROFILE,
@@ -69,25 +69,42 @@ def foreign_dropins_moved_aside(units: list[str], own: list[str]) -> Commands:
         yield from backed_up(path, "overrides a unit ironserve hardens (set it through security_*)")
 
 
-@reading_operation(reads=lambda **_: [Read(Groups)])
-def service_group(group: str) -> Commands:
-    """A system group: pyinfra's server.group, run only when the group is missing."""
-    if group in read(Groups):
-        host.noop(f"group {group} exists")
+RENUMBER = "renumbering is a migration (usermod -u / groupmod -g, then chown the files): do it by hand, or set"
+
+
+def _group_reads(group: str, gid: int | None = None, **_: object) -> list[Read]:
+    return [Read(Groups), *([Read(GroupNumber, {"group": group})] if gid is not None else [])]
+
+
+@reading_operation(reads=_group_reads)
+def service_group(group: str, gid: int | None = None) -> Commands:
+    """A system group (with `gid` when given): pyinfra's server.group, run only when the group is missing; one
+    with another number stops the host."""
+    if group not in read(Groups):
+        yield from server.group._inner(group=group, system=True, gid=gid)
         return
-    yield from server.group._inner(group=group, system=True)
+    found = read(GroupNumber, group=group) if gid is not None else None
+    if found is not None and found != gid:
+        yield failing(f"group {group} is gid {found}, security_gid is {gid}: {RENUMBER} security_gid {found}")
+        return
+    host.noop(f"group {group} exists" + (f" (gid {gid})" if gid is not None else ""))
 
 
 @reading_operation(reads=lambda user, **_: [Read(AccountShape, {"user": user})])
-def service_account(user: str, group: str, shell: str, home: str) -> Commands:
+def service_account(user: str, group: str, shell: str, home: str, uid: int | None = None) -> Commands:
     """A system account with this primary group, shell and home (never created: the service writes its state
-    there): pyinfra's server.user, run only when the account differs. Other groups: only_own_group."""
+    there), and `uid` when given: pyinfra's server.user, run only when the account differs; one with another
+    uid stops the host. Other groups: only_own_group."""
     existing = read(AccountShape, user=user)
+    if existing and uid is not None and existing.uid != uid:
+        shown = f"account {user} is uid {existing.uid}, security_uid is {uid}"
+        yield failing(f"{shown}: {RENUMBER} security_uid {existing.uid}")
+        return
     if existing and (existing.group, existing.shell, existing.home) == (group, shell, home):
         host.noop(f"account {user}: group {group}, shell {shell}, home {home}")
         return
     yield from server.user._inner(
-        user=user, group=group, shell=shell, home=home, system=True, create_home=False, ensure_home=False
+        user=user, group=group, shell=shell, home=home, system=True, create_home=False, ensure_home=False, uid=uid
     )
 
 
@@ -96,13 +113,14 @@ def security(config: StackConfig, run: HostRun) -> None:
     settings = config.security
     profile = read_seccomp_profile()
 
-    service_group(name="Service group", group=settings.group)
+    service_group(name="Service group", group=settings.group, gid=settings.gid)
     service_account(
         name="Service account (no login shell)",
         user=settings.user,
         group=settings.group,
         shell=settings.shell,
         home=settings.state_dir,
+        uid=settings.uid,
     )
     locked_password(name="Service account password locked", user=settings.user)
     only_own_group(name="Service account in no other group", user=settings.user)
@@ -151,7 +169,7 @@ def security(config: StackConfig, run: HostRun) -> None:
     owned_directory(name="Kubelet seccomp directory", path=settings.kubelet_seccomp_dir, clear_immutable=frozen)
     owned_file(
         name="Seccomp profile for the kubelet (Localhost)",
-        path=f"{settings.kubelet_seccomp_dir}/{SECCOMP_PROFILE.name}",
+        path=settings.kubelet_seccomp_profile,
         content=SECCOMP_PROFILE.read_bytes(),
         clear_immutable=frozen,
     )

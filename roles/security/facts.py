@@ -49,10 +49,12 @@ class Account:
     group: str  # the primary group's name
     home: str
     shell: str
+    uid: int
+    gid: int  # the primary group's number
 
 
 class AccountShape(FactBase[Account | None]):
-    """An account's primary group, home and shell as the system resolves them (`getent passwd`, `id -gn`: local
+    """An account's primary group, home, shell and numbers as the system resolves them (`getent passwd`, `id -gn`: local
     files or a directory service alike), or None when there is no such account."""
 
     def command(self, user: str) -> str:
@@ -64,7 +66,18 @@ class AccountShape(FactBase[Account | None]):
         fields = lines[0].split(":") if lines else []
         if len(lines) < 2 or len(fields) != 7:
             return None
-        return Account(group=lines[1].strip(), home=fields[5], shell=fields[6])
+        return Account(group=lines[1].strip(), home=fields[5], shell=fields[6], uid=int(fields[2]), gid=int(fields[3]))
+
+
+class GroupNumber(FactBase[int | None]):
+    """A group's number as the system resolves it (`getent group`), or None when there is no such group."""
+
+    def command(self, group: str) -> str:
+        return f"getent group {shlex.quote(group)} | cut -d: -f3; true"
+
+    def process(self, output: Iterable[str]) -> int | None:
+        lines = [line.strip() for line in output if line.strip()]
+        return int(lines[0]) if lines else None
 
 
 # Where an admin's tools put drop-ins that outrank a unit's own (systemd.unit(5), "Unit File Load Path"):

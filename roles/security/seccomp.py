@@ -16,9 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from roles.security.settings import SecuritySettings
+from roles.security.settings import SECCOMP_PROFILE_NAME, SecuritySettings
 
-SECCOMP_PROFILE = Path(str(files(__package__) / "files" / "ai-service.json"))
+SECCOMP_PROFILE = Path(str(files(__package__) / "files" / SECCOMP_PROFILE_NAME))
 DROPIN_NAME = "10-ironserve-security.conf"  # in /etc/systemd/system/<unit>.d/
 ERRNO_NAMES = {1: "EPERM", 38: "ENOSYS"}
 # Argument filters of the JSON profile and the systemd settings that enforce the same rule.

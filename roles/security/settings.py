@@ -52,6 +52,10 @@ def _nvidia_node(value: str) -> str:
     return value
 
 
+# The seccomp profile's file name, for the kubelet as for systemd (files/ai-service.json).
+SECCOMP_PROFILE_NAME = "ai-service.json"
+
+
 class SecuritySettings(RoleSettings):
     """Settings of roles/security."""
 
@@ -67,6 +71,23 @@ class SecuritySettings(RoleSettings):
         alias="security_group",
         description="sec-ai-runner-group: the service's system group; a new name, never one of the host's groups "
         "(sudo, adm, disk, root, ...), which would give the service that group's rights.",
+    )
+    uid: int | None = Field(
+        None,
+        alias="security_uid",
+        ge=100,
+        le=999,
+        description="The account's uid, the same on every node (inference_mode kubernetes needs it: a pod runs as a "
+        "number); a system uid, 100-999 (Debian policy 9.2.2, login.defs SYS_UID_MIN/MAX). None: the next free one. "
+        "An existing account with another uid stops the host (renumbering is a migration).",
+    )
+    gid: int | None = Field(
+        None,
+        alias="security_gid",
+        ge=100,
+        le=999,
+        description="The group's gid, the same on every node (inference_mode kubernetes: the pods read the model "
+        "store through it); 100-999. None: the next free one. An existing group with another gid stops the host.",
     )
     shell: Literal["/bin/false", "/usr/sbin/nologin", "/sbin/nologin"] = Field(
         "/bin/false",
@@ -170,3 +191,8 @@ class SecuritySettings(RoleSettings):
     @property
     def memory_max_bytes(self) -> int:
         return memory_bytes(self.memory_max)
+
+    @property
+    def kubelet_seccomp_profile(self) -> str:
+        """Where the kubelet finds the profile (a pod names it relative to <kubelet root>/seccomp)."""
+        return f"{self.kubelet_seccomp_dir}/{SECCOMP_PROFILE_NAME}"

@@ -20,6 +20,7 @@ AREAS = {
     "hot_swap",
     "routing",
     "resilience",
+    "scaling",
 }
 
 

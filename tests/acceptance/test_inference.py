@@ -3,6 +3,8 @@
 Everything is observed on the host through its own interfaces: etcd's JSON gateway, Envoy's admin
 (loopback) and listener, the engines' HTTP API, systemd, /proc and the venv's pip. On a lab host the
 engine is vLLM's CPU build serving a tiny model; the GPU-only checks of torch are in test_nvidia.py.
+A host in `inference_mode: kubernetes` runs only the tests named test_kubernetes_mode_* (its engines are
+pods; the others only the systemd mode's).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from typing import Any
 
 import pytest
 
+from ironserve import manifests
 from roles import StackConfig
+from roles.inference import KUBERNETES_OBJECTS
 from roles.inference.facts import ModelStore
+from roles.inference.kubernetes import deploy_objects, host_settings
 from roles.inference.operations import model_store_problems
 from roles.inference.render import canonical, environment_drift, lock_pins, service_yaml
 from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH, ENGINE_UNIT
@@ -48,7 +53,14 @@ def _http(
 
 
 def _service(config: StackConfig) -> Any:
-    return config.inference.service_settings(config.security.model_dir, config.security.group, config.security.slice)
+    return host_settings(config)
+
+
+@pytest.fixture(autouse=True)
+def _serving_mode(request: pytest.FixtureRequest, config: StackConfig) -> None:
+    kubernetes_test = request.node.name.startswith("test_kubernetes_mode_")
+    if (config.inference.mode == "kubernetes") != kubernetes_test:
+        pytest.skip(f"inference_mode is {config.inference.mode} on this host")
 
 
 def _etcd_get(host: Any, config: StackConfig, key: str) -> str | None:
@@ -335,3 +347,32 @@ def test_service_config_is_the_validated_one(host: Any, config: StackConfig, obs
     text = host.file(str(CONFIG_PATH)).content_string
     observe(f"{len(text)} bytes")
     assert text == service_yaml(_service(config))
+
+
+def test_kubernetes_mode_objects_are_the_validated_ones(host: Any, config: StackConfig, observe: Any) -> None:
+    text = host.file(str(KUBERNETES_OBJECTS)).content_string
+    observe(f"{len(text)} bytes")
+    assert text == manifests.dump_all(deploy_objects(config))
+
+
+def test_kubernetes_mode_runs_no_engine_unit_on_the_host(host: Any, config: StackConfig, observe: Any) -> None:
+    units = [ENGINE_UNIT.format(colour=""), "ironserve-router.service", "ironserve-control.service"]
+    states = {unit: host.run(f"systemctl show -P LoadState {unit}").stdout.strip() for unit in units}
+    observe(states)
+    assert set(states.values()) == {"not-found"}
+
+
+def test_kubernetes_mode_the_account_has_the_pods_numbers(host: Any, config: StackConfig, observe: Any) -> None:
+    pods = _service(config).kubernetes
+    found = host.run(f"getent passwd {shlex.quote(config.security.user)}").stdout.split(":")[2:4]
+    observe(":".join(found))
+    assert found == [str(pods.run_as_user), str(pods.run_as_group)]
+
+
+@pytest.mark.invariant("io-nvme-model-store")
+def test_kubernetes_mode_the_version_the_pods_mount_is_on_the_node(
+    host: Any, config: StackConfig, observe: Any
+) -> None:
+    version_dir = host.file(f"{_service(config).swap.models_root}/{config.inference.version()}")
+    observe(f"{version_dir.user}:{version_dir.group} {version_dir.mode:o}")
+    assert version_dir.is_directory and (version_dir.user, version_dir.group) == ("root", config.security.group)

@@ -1,4 +1,4 @@
-"""Lab fixtures: `container_hosts` (here) and `vm_host` (conftest_vm.py).
+"""Lab fixtures: `container_hosts` and `kubernetes_api` (here), `vm_host` (conftest_vm.py).
 
 Both register their hosts in the lab state like `ironserve lab up`, so `ironserve lab down`
 removes them if a run is killed; each stops only the hosts it started.
@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from ironserve.lab import manager, state
+from ironserve.lab import kubernetes_control_plane, manager, state
 from ironserve.lab.hardware import DEFAULT_PROFILE
+from ironserve.lab.kubernetes_control_plane import ControlPlane
 from ironserve.lab.state import LabHost
 from tests.lab.conftest_vm import vm_host
 from tests.lab.machine_snapshot import differences, snapshot
 
-__all__ = ["container_hosts", "inventory_with", "vm_host"]
+__all__ = ["container_hosts", "inventory_with", "kubernetes_api", "vm_host"]
 
 CONTAINER_HOSTS = 2
 CONTAINER_TOOLS = ["debootstrap", "unshare", "nsenter", "ip", "nft", "ssh", "ssh-keygen"]
@@ -103,3 +106,24 @@ def container_hosts() -> Iterator[list[LabHost]]:
     """
     with lab_containers(CONTAINER_HOSTS) as hosts:
         yield hosts
+
+
+@pytest.fixture(scope="module")
+def kubernetes_api() -> Iterator[ControlPlane]:
+    """A real Kubernetes 1.20.2 API server, controller manager and scheduler with no node, for one module.
+
+    Its lifetime is a container lab host of the module's own (the control plane stops with it; `lab down`
+    stops both); the API is on this machine's 127.0.0.1 (ControlPlane.api_url), called as the admin or as a
+    ServiceAccount's token. Objects persist across the module's tests. See docs/lab-kubernetes-node.md.
+    """
+    skip_without_container_lab()
+    kubernetes_control_plane.ensure_built()  # once per machine (about 10 minutes); nothing when cached
+    with lab_containers(1) as hosts:
+        started = time.monotonic()
+        plane = kubernetes_control_plane.attach(hosts[0])
+        elapsed = time.monotonic() - started
+        print(f"kubernetes_api: control plane on {hosts[0].name} ready after {elapsed:.1f} s", file=sys.stderr)
+        try:
+            yield plane
+        finally:
+            kubernetes_control_plane.detach(hosts[0])  # lab_containers' `lab down` would too

@@ -105,6 +105,11 @@ SECURITY: list[Case] = [
     ("security_slice", "ai-service", ("not a slice name",)),
     ("security_slice", "ai--service.slice", ("not a slice name",)),
     ("security_slice", "ai-service.slice\n", ("not a slice name",)),
+    ("security_uid", 0, ("greater than or equal to 100",)),
+    ("security_uid", 1000, ("less than or equal to 999",)),
+    ("security_uid", "990; id", ("valid integer",)),
+    ("security_gid", 65534, ("less than or equal to 999",)),
+    ("security_gid", "ai-runner", ("valid integer",)),
     ("security_memory_max", "24 gigs", ("size such as 24G",)),
     ("security_memory_max", "24g", ("size such as 24G",)),
     ("security_memory_max", "0", ("size such as 24G",)),
@@ -269,6 +274,7 @@ CONTAINER_RUNTIME: list[Case] = [
 ]
 
 INFERENCE: list[Case] = [
+    ("inference_mode", "k8s", ("'systemd' or 'kubernetes'",)),
     ("inference_pip_index_url", "ftp://mirror.example.internal/simple/", ("not http, https or file",)),
     ("inference_pip_index_url", "http://mirror.example.internal:99999/simple/", ("1-65535",)),
     ("inference_pip_index_url", "http://mirror.example.internal:0/simple/", ("1-65535",)),
@@ -431,7 +437,38 @@ KUBERNETES: list[Case] = [
     ("kubernetes_cluster", {"clusterName": "x"}, ("kubernetes_cluster_name",)),
 ]
 
-CASES = SECURITY + HOST_TUNING + CONTAINER_RUNTIME + KUBERNETES + INFERENCE + PREFLIGHT + BIOS + NVIDIA
+CLUSTER_ADDONS: list[Case] = [
+    ("cluster_addons_cilium_version", "v1.18.3", ("pattern",)),
+    ("cluster_addons_cilium_chart_repo", "ftp://helm.cilium.io", ("pattern",)),
+    ("cluster_addons_cilium_routing_mode", "disabled", ("'tunnel' or 'native'",)),
+    ("cluster_addons_cilium_tunnel_protocol", "gre", ("'vxlan' or 'geneve'",)),
+    ("cluster_addons_cilium_native_routing_cidr", "10.0.0.0/33", ("CIDR", "10.244.0.0/16")),
+    ("cluster_addons_cilium_pod_cidr_mask_size", 40, ("less than or equal to 28",)),
+    ("cluster_addons_coredns_forward", ["dns.google"], ("not an IP address", "1.1.1.1 8.8.8.8")),
+    ("cluster_addons_envoy_gateway_version", "1.6", ("pattern",)),
+    ("cluster_addons_envoy_gateway_chart_repo", "docker.io/envoyproxy", ("pattern",)),
+    ("cluster_addons_stream_idle_timeout_s", 0, ("greater than or equal to 1",)),
+    ("cluster_addons_grpc_web_backend", "svc", ("pattern",)),
+    ("cluster_addons_linkerd_chart_version", "edge-24.11.8", ("pattern",)),
+    ("cluster_addons_linkerd_chart_repo", "helm.linkerd.io", ("pattern",)),
+    ("cluster_addons_linkerd_trust_anchor", "/nonexistent/ca.crt", ("no readable PEM file",)),
+    ("cluster_addons_cert_manager_version", "v1.19", ("pattern",)),
+    ("cluster_addons_cert_manager_chart_repo", "jetstack", ("pattern",)),
+    ("cluster_addons_acme_server", "http://acme.example", ("pattern",)),
+    ("cluster_addons_acme_email", "not-an-email", ("pattern",)),
+    ("cluster_addons_dns_zones", ["exa mple.com"], ("not a lower-case DNS name",)),
+    ("cluster_addons_tls_dns_names", ["*.*.example.com"], ("not a lower-case DNS name",)),
+    ("cluster_addons_cloudflare_token_env", "lower-case", ("pattern",)),
+    (
+        "cluster_addons_cloudflare_api_token",
+        "secret123",
+        ("never an inventory value", "IRONSERVE_CLOUDFLARE_API_TOKEN"),
+    ),
+    ("cluster_addons_device_plugin_version", "0.17.0", ("pattern",)),
+    ("cluster_addons_device_plugin_image", "nvcr.io/nvidia/k8s-device-plugin:v0.17.0", ("pattern",)),
+]
+
+CASES = SECURITY + HOST_TUNING + CONTAINER_RUNTIME + KUBERNETES + CLUSTER_ADDONS + INFERENCE + PREFLIGHT + BIOS + NVIDIA
 
 
 def _id(case: Case) -> str:

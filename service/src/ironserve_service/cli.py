@@ -1,4 +1,4 @@
-"""Wires the modules into one command: verify, seal, launch, probe, exporter, rules, router, control, swap,
+"""Wires the modules into one command: verify, seal, launch, probe, exporter, rules, scale, router, control, swap,
 rollback, release-check, load-chaos, api-key, status."""
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ from ironserve_service import (
     quality,
     release,
     router,
+    scaler,
     serving,
     slo,
     swap,
 )
+from ironserve_service.kube import KubeError
 from ironserve_service.settings import COLOURS, Colour, ServiceSettings, load_settings
 
 DEFAULT_CONFIG = Path("/etc/ironserve/service.yaml")
@@ -91,6 +93,15 @@ def cmd_exporter(args: argparse.Namespace) -> int:
           f"{settings.quality.mirror_host}:{settings.quality.mirror_port}", flush=True)  # fmt: skip
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
     return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    settings = _settings(args.config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        return scaler.serve(settings)
+    except KubeError as error:  # no API server to talk to (not in a cluster and no scaler.api_server)
+        raise SystemExit(f"scale: {error}") from None
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
@@ -226,6 +237,7 @@ def parser() -> argparse.ArgumentParser:
         ("launch", cmd_launch, "start vLLM with loading/ready markers"),
         ("exporter", cmd_exporter, "serve the five-dimension metrics and the mirror sink"),
         ("rules", cmd_rules, "print the Prometheus SLO rules"),
+        ("scale", cmd_scale, "PID on GPU utilisation -> the serving Deployment's replicas, until SIGTERM"),
     ):
         command = commands.add_parser(name, help=text)
         command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)

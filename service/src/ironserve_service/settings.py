@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ironserve_service.kube import SERVICE_ACCOUNT_DIR
 
 
 class _Strict(BaseModel):
@@ -329,6 +332,92 @@ class SwapSettings(_Strict):
         return self.colour_unit.format(colour=colour) if self.colour_unit else None
 
 
+# A container image by digest (name[:tag]@sha256:<64 hex>): the bytes a node runs are the ones the site built
+# from the hash-locked requirements; a tag alone can be moved.
+IMAGE_BY_DIGEST = r"[a-z0-9]([a-z0-9._/:-]*[a-z0-9])?@sha256:[0-9a-f]{64}"
+# A Kubernetes resource quantity (apimachinery's resource.Quantity: decimal or binary suffix).
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+
+
+class KubernetesServingSettings(_Strict):
+    """How the engines run in `kubernetes` mode: one Deployment per colour in `namespace` (kube_objects.py)."""
+
+    # k8s-ai-service-objects: namespace ai, Service ai-service, container ai-container.
+    namespace: str = Field(default="ai", pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    image: str | None = None
+    # The account the engines run as, by number: a pod names no account by name, and the model store is
+    # root:<group> 0750 on every node.
+    run_as_user: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    run_as_group: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    gpus: int = Field(default=0, ge=0, le=16)
+    # k8s-pod-memory-limit: 24Gi, with requests == limits (Guaranteed QoS, the catalog's correction).
+    memory: str = Field(default="24Gi", pattern=QUANTITY)
+    cpu: str = Field(default="8", pattern=QUANTITY)
+    runtime_class: str | None = "nvidia"
+    # The kubelet's Localhost profile, relative to <kubelet root>/seccomp (roles/security installs it).
+    seccomp_profile: str = Field(default="profiles/ai-service.json", pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+    capabilities: list[str] = Field(default_factory=lambda: ["SYS_NICE"])
+    startup_period_s: int = Field(default=10, gt=0)
+    readiness_period_s: int = Field(default=5, gt=0)
+
+    @field_validator("image")
+    @classmethod
+    def _by_digest(cls, image: str | None) -> str | None:
+        if image is not None and not re.fullmatch(IMAGE_BY_DIGEST, image):
+            raise ValueError(
+                f"{image!r} is not an image by digest; accepted: registry/name[:tag]@sha256:<64 hex digits> (a tag "
+                "alone can be moved to other bytes)"
+            )
+        return image
+
+    @field_validator("capabilities")
+    @classmethod
+    def _capability_names(cls, names: list[str]) -> list[str]:
+        bad = [name for name in names if name.startswith("CAP_") or not re.fullmatch(r"[A-Z][A-Z_]*", name)]
+        if bad:
+            raise ValueError(f"{bad} are not Kubernetes capability names (SYS_NICE, IPC_LOCK: no CAP_ prefix)")
+        return names
+
+
+class ScalerSettings(_Strict):
+    """The PID replica scaler (`ironserve-service scale`, scaler.py): GPU utilisation from the local Prometheus in,
+    the active blue/green Deployment's scale subresource out (scale-* entries of the catalog, k8s-no-hpa). The
+    Deployments are kube_objects' `ai-service-<colour>` in the `kubernetes` section's namespace."""
+
+    # scale-pid-controller: the catalog's gains and setpoint, fixed (scaler.py documents their units).
+    kp: float = Field(default=0.8, ge=0)
+    ki: float = Field(default=0.1, ge=0)
+    kd: float = Field(default=0.05, ge=0)
+    setpoint_percent: float = Field(default=70.0, gt=0, lt=100)
+    # scale-replica-bounds. At least 1: a colour scaled to 0 reads as the idle one and nothing would scale it back.
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = Field(default=32, ge=1)
+    # Seconds between decisions; the PID's time unit is the second whatever this is.
+    interval_s: float = Field(default=1.0, gt=0)
+    # Seconds from a scale-up until the new replicas serve and show in the utilisation (pod start, model load,
+    # readiness, scrape and the metric's lag): replicas younger than this count as serving nothing.
+    replica_ready_s: float = Field(default=60.0, ge=0)
+    # Most replicas one decision adds or removes.
+    max_step_up: int = Field(default=4, ge=1)
+    max_step_down: int = Field(default=2, ge=1)
+    # scale-metric-source: the local Prometheus, not metrics-server; the query must give one series or a scalar.
+    prometheus_url: str = Field(default="http://127.0.0.1:9090", pattern=r"^https?://[^/?#]+(/[^?#]*)?$")
+    query: str = Field(default="avg(gpu_utilization_percent)", min_length=1)
+    # Each Prometheus query and each Kubernetes API request.
+    request_timeout_s: float = Field(default=5.0, gt=0)
+    # The API server's https URL, with the bearer token and CA files below; None: in-cluster
+    # (KUBERNETES_SERVICE_HOST/PORT and the pod's service account files).
+    api_server: str | None = Field(default=None, pattern=r"^https://[^/?#]+$")
+    token_file: Path = SERVICE_ACCOUNT_DIR / "token"
+    ca_file: Path = SERVICE_ACCOUNT_DIR / "ca.crt"
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ScalerSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} is above max_replicas {self.max_replicas}")
+        return self
+
+
 class ServiceSettings(_Strict):
     engine: EngineSettings
     readiness: ReadinessSettings = ReadinessSettings()
@@ -338,6 +427,8 @@ class ServiceSettings(_Strict):
     swap: SwapSettings = SwapSettings()
     release: ReleaseSettings = ReleaseSettings()
     chaos: ChaosSettings = ChaosSettings()
+    scaler: ScalerSettings = ScalerSettings()
+    kubernetes: KubernetesServingSettings = KubernetesServingSettings()
 
 
 def load_settings(path: Path) -> ServiceSettings:

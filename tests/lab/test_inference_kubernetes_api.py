@@ -1,0 +1,174 @@
+"""`inference_mode: kubernetes` against the lab's real Kubernetes 1.20.2 API server, controllers and RBAC (no
+node: the `kubernetes_api` fixture). The objects are the ones the unit tests validate strictly at 1.31
+(tests/unit/test_inference_kubernetes.py); here the real server stores them, its controllers act on them, and
+the swap and the scaler change them with their own ServiceAccounts' tokens through ironserve_service's client.
+
+Simulated: nothing on the API side. There is no node, so no engine pod starts: the swap's readiness gate is
+shown refusing a colour whose pods cannot be scheduled, which is the gate a real cluster runs too.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ironserve_service.kube import KubeClient, KubeError
+from ironserve_service.kube_objects import SCALER_ACCOUNT, SERVICE, SWAP_ACCOUNT, colour_objects, deployment_name
+from ironserve_service.kube_swap import kube_swap
+from ironserve_service.scaler import Scaler
+from ironserve_service.settings import ServiceSettings
+
+from ironserve.lab.kubernetes_control_plane import ControlPlane, service_account_user, wait_for
+from roles import stack_config
+from roles.inference.kubernetes import deploy_objects, host_settings
+from tests.unit.test_inference_kubernetes import KUBERNETES_MODE
+
+pytestmark = pytest.mark.lab
+CONFIG = stack_config("lab-k8s", KUBERNETES_MODE)
+NAMESPACE = "ai"
+VERSION = CONFIG.inference.version()
+
+
+@pytest.fixture(scope="module")
+def applied(kubernetes_api: ControlPlane) -> Iterator[ControlPlane]:
+    """The deploy's objects applied once, as `kubectl apply --server-side` would."""
+    for obj in deploy_objects(CONFIG):
+        kubernetes_api.apply(obj)
+    blue = deployment_name("blue")
+    for account, subresource in ((SWAP_ACCOUNT, ""), (SCALER_ACCOUNT, "scale")):  # RBAC in force before use
+        user = service_account_user(NAMESPACE, account)
+
+        def in_force(user: str = user, subresource: str = subresource) -> bool | None:
+            allowed = kubernetes_api.can_i(
+                user, "get", "deployments", group="apps", subresource=subresource, namespace=NAMESPACE, name=blue
+            )
+            return allowed or None
+
+        wait_for(in_force, 30, f"{account}'s Role in force")
+        # 1.20's token controller adds the account's token Secret to it: one write of its own, awaited here.
+        kubernetes_api.wait_for_object(
+            f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}", lambda sa: bool(sa.get("secrets")), 30
+        )
+    yield kubernetes_api
+
+
+def client_as(plane: ControlPlane, account: str, directory: Path) -> KubeClient:
+    """ironserve_service's own client, with a token of `account` (TokenRequest) and the cluster's CA."""
+    token = directory / f"{account}.token"
+    token.write_text(plane.service_account_token(NAMESPACE, account))
+    return KubeClient(plane.api_url, token, plane.directory / "pki" / "ca.crt", timeout_s=10)
+
+
+def admin_get(plane: ControlPlane, path: str) -> dict[str, Any]:
+    return plane.request("GET", path)
+
+
+def deployment_path(colour: str) -> str:
+    return f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{deployment_name(colour)}"  # type: ignore[arg-type]
+
+
+def settings(**swap: Any) -> ServiceSettings:
+    base = host_settings(CONFIG)
+    return base.model_copy(update={"swap": base.swap.model_copy(update=swap)})
+
+
+def test_the_server_accepts_every_object_with_both_colours_as_a_dry_run(applied: ControlPlane) -> None:
+    for colour in ("blue", "green"):
+        for obj in colour_objects(host_settings(CONFIG), colour, VERSION, 1):  # type: ignore[arg-type]
+            answer = applied.apply(obj, dry_run=True)
+            assert answer["metadata"]["name"] == obj["metadata"]["name"]
+    with pytest.raises(urllib.error.HTTPError, match=r"404|not found"):
+        admin_get(applied, deployment_path("blue"))  # the dry run stored nothing
+
+
+def test_a_second_apply_of_the_deploys_objects_changes_nothing(applied: ControlPlane) -> None:
+    before = {applied.resource_path(o): admin_get(applied, applied.resource_path(o)) for o in deploy_objects(CONFIG)}
+    time.sleep(1.2)  # managedFields' times are whole seconds: a write would show
+    for obj in deploy_objects(CONFIG):
+        applied.apply(obj)
+    for path, old in before.items():
+        assert admin_get(applied, path)["metadata"]["resourceVersion"] == old["metadata"]["resourceVersion"], path
+
+
+@pytest.mark.invariant("scale-patch-deployment")
+@pytest.mark.parametrize(
+    ("verb", "resource", "subresource", "allowed"),
+    [
+        ("get", "deployments", "scale", True),
+        ("patch", "deployments", "scale", True),
+        ("patch", "deployments", "", False),
+        ("update", "deployments", "scale", False),
+        ("create", "deployments", "", False),
+        ("patch", "services", "", False),
+    ],
+)
+def test_the_scalers_service_account_may_only_read_and_patch_the_scale(
+    applied: ControlPlane, verb: str, resource: str, subresource: str, allowed: bool
+) -> None:
+    user = service_account_user(NAMESPACE, SCALER_ACCOUNT)
+    group = "apps" if resource == "deployments" else ""
+    name = deployment_name("blue")
+    assert (
+        applied.can_i(user, verb, resource, group=group, subresource=subresource, namespace=NAMESPACE, name=name)
+        is allowed
+    )
+
+
+def test_a_swap_to_a_colour_that_cannot_become_ready_is_refused_and_scaled_back(
+    applied: ControlPlane, tmp_path: Path
+) -> None:
+    """The swap runs with its own token: its Role allows what it does. The colour's pods are created by the real
+    controllers and stay unschedulable (no node), so the readiness gate refuses; traffic never moves."""
+    api = client_as(applied, SWAP_ACCOUNT, tmp_path)
+    lines: list[str] = []
+    result = kube_swap(settings(ready_timeout_s=10, poll_interval_s=0.5), api, VERSION, log=lines.append)
+    assert not result.ok and result.gate == "ready", lines
+    assert "0/1 ready" in result.detail
+    blue = admin_get(applied, deployment_path("blue"))
+    assert blue["spec"]["replicas"] == 0
+    assert blue["metadata"]["annotations"]["ironserve.io/model-version"] == VERSION
+    service = admin_get(applied, f"/api/v1/namespaces/{NAMESPACE}/services/{SERVICE}")
+    assert "selector" not in service["spec"]
+
+
+def test_the_colours_pods_were_created_by_the_real_controllers_and_not_scheduled(applied: ControlPlane) -> None:
+    pods = admin_get(applied, f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=colour%3Dblue")["items"]
+    replica_sets = admin_get(applied, f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets")["items"]
+    assert [rs["metadata"]["ownerReferences"][0]["name"] for rs in replica_sets] == [deployment_name("blue")]
+    for pod in pods:  # scaled back to zero: what is left is terminating or gone
+        conditions = {c["type"]: c for c in pod["status"].get("conditions", [])}
+        assert conditions["PodScheduled"]["reason"] == "Unschedulable"
+
+
+@pytest.mark.invariant("scale-replica-bounds")
+def test_the_scaler_moves_the_serving_deployment_through_the_scale_subresource(
+    applied: ControlPlane, tmp_path: Path
+) -> None:
+    """Blue serving one replica (as a swap leaves it) at 95 % GPU utilisation: the real scaler, deciding once a
+    (simulated) second with the scaler's own token, adds replicas; the Deployment's spec says so. Green was
+    never created (404): it counts as idle."""
+    blue = colour_objects(host_settings(CONFIG), "blue", VERSION, 1)[1]  # type: ignore[arg-type]
+    applied.apply(blue, field_manager="ironserve-swap")
+    api = client_as(applied, SCALER_ACCOUNT, tmp_path)
+    scaler_settings = host_settings(CONFIG).scaler
+    scaler = Scaler(
+        scaler_settings,
+        read_utilisation=lambda: 95.0,
+        get_replicas=lambda name: api.get_scale(NAMESPACE, name),
+        set_replicas=lambda name, replicas: api.set_scale(NAMESPACE, name, replicas),
+    )
+    decisions = [scaler.step(float(second)) for second in range(60)]
+    moved = [d for d in decisions if d is not None and d.desired != d.current]
+    assert moved and all(d.desired > d.current for d in moved), decisions
+    assert admin_get(applied, deployment_path("blue"))["spec"]["replicas"] == moved[-1].desired
+
+
+def test_the_scalers_token_is_refused_a_plain_patch_of_the_deployment(applied: ControlPlane, tmp_path: Path) -> None:
+    api = client_as(applied, SCALER_ACCOUNT, tmp_path)
+    with pytest.raises(KubeError) as refused:
+        api.patch(deployment_path("blue"), {"spec": {"replicas": 7}})
+    assert refused.value.status == 403
