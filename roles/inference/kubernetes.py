@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import posixpath
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ironserve_service.kube_objects import colour_objects, static_objects
 from ironserve_service.settings import COLOURS, ServiceSettings
@@ -95,4 +96,11 @@ def kubernetes_problems(config: StackConfig) -> list[str]:
     """The objects' problems at the cluster's pinned Kubernetes version (empty: all valid)."""
     objects = service_objects(config)
     found = manifests.problems(objects, config.kubernetes.version)
+    prometheus = urlsplit(host_settings(config).scaler.prometheus_url).hostname or ""
+    if prometheus == "localhost" or prometheus.startswith("127.") or prometheus == "::1":
+        found.append(
+            f"inference_service.scaler.prometheus_url names {prometheus}: the scaler runs in a pod, whose loopback is "
+            "its own; give the Prometheus that scrapes the nodes' gpu_utilization_percent, e.g. "
+            "http://prometheus.monitoring.svc:9090"
+        )
     return found + [problem for obj in objects for problem in pod_policy_problems(obj)]

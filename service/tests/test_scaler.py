@@ -679,7 +679,6 @@ def test_settings_carry_the_catalog_values_and_refuse_nonsense() -> None:
         {"setpoint_percent": 100},
         {"interval_s": 0},
         {"kp": -0.8},
-        {"api_server": "http://10.96.0.1"},
         {"prometheus_url": "127.0.0.1:9090"},
         {"unknown": 1},
     ):
@@ -731,14 +730,9 @@ def test_scale_command_patches_the_active_deployment_and_stops_on_sigterm(
     server.state.replicas.update({BLUE: 2, GREEN: 0})
     prometheus = PrometheusStandIn(["70", "100"])
     config = tmp_path / "service.yaml"
-    scaler = {
-        "api_server": server.url,
-        "token_file": str(token),
-        "ca_file": str(client.ca_file),
-        "prometheus_url": f"http://127.0.0.1:{prometheus.server.server_port}",
-        "interval_s": 0.2,
-    }
-    config.write_text(yaml.safe_dump({"engine": {"model_dir": "/m"}, "scaler": scaler}))
+    scaler = {"prometheus_url": f"http://127.0.0.1:{prometheus.server.server_port}", "interval_s": 0.2}
+    cluster = {"api_server": server.url, "token_file": str(token), "ca_file": str(client.ca_file)}
+    config.write_text(yaml.safe_dump({"engine": {"model_dir": "/m"}, "scaler": scaler, "kubernetes": cluster}))
     command = [sys.executable, "-m", "ironserve_service", "scale", "--config", str(config)]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

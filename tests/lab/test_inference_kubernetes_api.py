@@ -9,6 +9,8 @@ shown refusing a colour whose pods cannot be scheduled, which is the gate a real
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -16,8 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from ironserve_service.kube import KubeClient, KubeError
-from ironserve_service.kube_objects import SCALER_ACCOUNT, SERVICE, SWAP_ACCOUNT, colour_objects, deployment_name
+from ironserve_service.kube_objects import (
+    SCALER,
+    SCALER_ACCOUNT,
+    SERVICE,
+    SWAP_ACCOUNT,
+    colour_objects,
+    deployment_name,
+)
 from ironserve_service.kube_swap import kube_swap
 from ironserve_service.scaler import Scaler
 from ironserve_service.settings import ServiceSettings
@@ -128,6 +138,8 @@ def test_a_swap_to_a_colour_that_cannot_become_ready_is_refused_and_scaled_back(
     result = kube_swap(settings(ready_timeout_s=10, poll_interval_s=0.5), api, VERSION, log=lines.append)
     assert not result.ok and result.gate == "ready", lines
     assert "0/1 ready" in result.detail
+    replica_sets = admin_get(applied, f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets?labelSelector=colour%3Dblue")
+    assert [rs["metadata"]["ownerReferences"][0]["name"] for rs in replica_sets["items"]] == [deployment_name("blue")]
     blue = admin_get(applied, deployment_path("blue"))
     assert blue["spec"]["replicas"] == 0
     assert blue["metadata"]["annotations"]["ironserve.io/model-version"] == VERSION
@@ -135,13 +147,19 @@ def test_a_swap_to_a_colour_that_cannot_become_ready_is_refused_and_scaled_back(
     assert "selector" not in service["spec"]
 
 
-def test_the_colours_pods_were_created_by_the_real_controllers_and_not_scheduled(applied: ControlPlane) -> None:
-    pods = admin_get(applied, f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=colour%3Dblue")["items"]
-    replica_sets = admin_get(applied, f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets")["items"]
-    assert [rs["metadata"]["ownerReferences"][0]["name"] for rs in replica_sets] == [deployment_name("blue")]
-    for pod in pods:  # scaled back to zero: what is left is terminating or gone
-        conditions = {c["type"]: c for c in pod["status"].get("conditions", [])}
-        assert conditions["PodScheduled"]["reason"] == "Unschedulable"
+def test_the_scalers_deployment_gets_its_pod_from_the_real_controllers(applied: ControlPlane) -> None:
+    """The deploy's objects include the scaler's Deployment: the controller manager makes its ReplicaSet and Pod,
+    and the scheduler reports it Unschedulable (there is no node)."""
+
+    def scheduled_condition() -> dict[str, Any] | None:
+        pods = admin_get(applied, f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=app%3Dai-scaler")["items"]
+        conditions = [c for pod in pods for c in pod["status"].get("conditions", []) if c["type"] == "PodScheduled"]
+        return conditions[0] if conditions else None
+
+    condition = wait_for(scheduled_condition, 60, "the scaler's pod")
+    assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
+    owner = admin_get(applied, f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets?labelSelector=app%3Dai-scaler")
+    assert [rs["metadata"]["ownerReferences"][0]["name"] for rs in owner["items"]] == [SCALER]
 
 
 @pytest.mark.invariant("scale-replica-bounds")
@@ -172,3 +190,21 @@ def test_the_scalers_token_is_refused_a_plain_patch_of_the_deployment(applied: C
     with pytest.raises(KubeError) as refused:
         api.patch(deployment_path("blue"), {"spec": {"replicas": 7}})
     assert refused.value.status == 403
+
+
+def test_the_kube_swap_command_refuses_the_same_gate_with_the_swaps_token(
+    applied: ControlPlane, tmp_path: Path
+) -> None:
+    """`ironserve-service kube-swap`, as an admin runs it on a control-plane host: the config's kubernetes section
+    names the API server, the token and the CA; the gate's failure is its exit status and one line."""
+    client = client_as(applied, SWAP_ACCOUNT, tmp_path)
+    data = settings(ready_timeout_s=3, poll_interval_s=0.5).model_dump(mode="json")
+    data["kubernetes"] |= {"api_server": applied.api_url, "token_file": str(client.token_file)}
+    data["kubernetes"]["ca_file"] = str(client.ca_file)
+    config = tmp_path / "service.yaml"
+    config.write_text(yaml.safe_dump(data))
+    command = [sys.executable, "-m", "ironserve_service", "kube-swap", VERSION, "--config", str(config)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.splitlines()[-1].startswith("FAILED gate ready: ai-service-blue not ready within 3 s")
+    assert admin_get(applied, deployment_path("blue"))["spec"]["replicas"] == 0

@@ -34,7 +34,7 @@ KUBERNETES_MODE: dict[str, Any] = {
     "security_uid": 990,
     "security_gid": 991,
     "inference_model_source": str(model_versions()["lab-v1"]),
-    "inference_service": {"kubernetes": PODS},
+    "inference_service": {"kubernetes": PODS, "scaler": {"prometheus_url": "http://prometheus.monitoring.svc:9090"}},
 }
 
 
@@ -205,6 +205,22 @@ def test_kubernetes_mode_needs_the_kubernetes_role_on_the_host() -> None:
 def test_kubernetes_mode_needs_the_image() -> None:
     with pytest.raises(ConfigError, match=r"inference_service\.kubernetes\.image"):
         check_deployable(config(inference_service={}))
+
+
+def test_the_scaler_in_its_pod_cannot_read_a_loopback_prometheus() -> None:
+    with pytest.raises(ConfigError, match="the scaler runs in a pod, whose loopback is its own"):
+        check_deployable(config(inference_service={"kubernetes": PODS}))
+
+
+@pytest.mark.invariant("scale-patch-deployment")
+def test_the_scaler_runs_once_in_the_cluster_as_its_service_account(objects: dict[str, dict[str, Any]]) -> None:
+    scaler = objects["Deployment/ai-scaler"]
+    assert scaler["spec"]["replicas"] == 1
+    spec = pod_spec(scaler)
+    assert spec["serviceAccountName"] == SCALER_ACCOUNT
+    assert spec["containers"][0]["command"][-3:] == ["scale", "--config", "/etc/ironserve/service.yaml"]
+    config = yaml.safe_load(objects["ConfigMap/ai-scaler"]["data"]["service.yaml"])
+    assert config["scaler"]["prometheus_url"] == "http://prometheus.monitoring.svc:9090"
 
 
 @pytest.mark.parametrize("missing", ["security_uid", "security_gid"])

@@ -1,5 +1,5 @@
 """Wires the modules into one command: verify, seal, launch, probe, exporter, rules, scale, router, control, swap,
-rollback, release-check, load-chaos, api-key, status."""
+kube-swap, rollback, release-check, load-chaos, api-key, status."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from ironserve_service import (
     control,
     exporter,
     health,
+    kube,
+    kube_swap,
     launcher,
     quality,
     release,
@@ -120,6 +122,21 @@ def cmd_swap(args: argparse.Namespace) -> int:
         result = swap.rollback(settings, args.model_name)
     else:
         result = swap.swap(settings, args.model_name, args.version)
+    if result.ok:
+        print(f"swapped: {result.detail}")
+        return 0
+    print(f"FAILED gate {result.gate}: {result.detail}", file=sys.stderr)
+    return 1
+
+
+def cmd_kube_swap(args: argparse.Namespace) -> int:
+    settings = _settings(args.config)
+    try:
+        api = kube.cluster_client(settings.kubernetes, settings.swap.switch_timeout_s)
+        result = kube_swap.kube_swap(settings, api, args.version, args.replicas)
+    except KubeError as error:
+        print(f"FAILED: {error}", file=sys.stderr)
+        return 1
     if result.ok:
         print(f"swapped: {result.detail}")
         return 0
@@ -250,6 +267,13 @@ def parser() -> argparse.ArgumentParser:
     swap_command.add_argument("version")
     swap_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     swap_command.set_defaults(handler=cmd_swap)
+    kube_swap_command = commands.add_parser(
+        "kube-swap", help="blue/green swap of the Kubernetes Deployments to VERSION (inference_mode kubernetes)"
+    )
+    kube_swap_command.add_argument("version")
+    kube_swap_command.add_argument("--replicas", type=int, help="the new colour's replicas (default: the active's)")
+    kube_swap_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    kube_swap_command.set_defaults(handler=cmd_kube_swap)
     rollback_command = commands.add_parser("rollback", help="swap back to the version active before the last swap")
     rollback_command.add_argument("model_name")
     rollback_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)

@@ -14,7 +14,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # settings.py imports this module
+    from ironserve_service.settings import KubernetesServingSettings
 
 # Namespaces are DNS-1123 labels; Deployment names DNS-1123 subdomains (labels joined by dots, 253 at most).
 DNS_1123_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -147,3 +150,10 @@ def _status_message(body: bytes, fallback: str) -> str:
         return fallback
     message = status.get("message") if isinstance(status, dict) else None
     return message if isinstance(message, str) and message else fallback
+
+
+def cluster_client(kubernetes: KubernetesServingSettings, timeout_s: float) -> KubeClient:
+    """The client of the swap and the scaler: the settings' API server and files, else the pod's in-cluster ones."""
+    if kubernetes.api_server is None:
+        return KubeClient.from_in_cluster(timeout_s)
+    return KubeClient(kubernetes.api_server, kubernetes.token_file, kubernetes.ca_file, timeout_s)

@@ -23,6 +23,10 @@ CONFIG_DIR = "/etc/ironserve"
 CONFIG_FILE = "service.yaml"
 SWAP_ACCOUNT = "ai-swap"
 SCALER_ACCOUNT = "ai-scaler"
+SCALER = "ai-scaler"  # the scaler's own Deployment and ConfigMap
+# The scaler's pod: `python -m ironserve_service scale` peaks at 38 MiB RSS here (/usr/bin/time -v); a decision a
+# second is a few milliseconds of CPU.
+SCALER_RESOURCES = {"cpu": "100m", "memory": "128Mi"}
 VERSION_ANNOTATION = "ironserve.io/model-version"
 GPU_RESOURCE = "nvidia.com/gpu"  # k8s-nvidia-device-plugin
 # linkerd injects its proxy into pods of an annotated namespace (mesh-linkerd-proxy-only).
@@ -91,11 +95,26 @@ def _probe(settings: ServiceSettings, python: str, kind: str, period_s: int, fai
     }
 
 
+def _pod_security(settings: ServiceSettings) -> dict[str, Any]:
+    k8s = settings.kubernetes
+    if k8s.image is None or k8s.run_as_user is None or k8s.run_as_group is None:
+        raise ValueError("kubernetes.image, run_as_user and run_as_group must be set to render the pods")
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": k8s.run_as_user,
+        "runAsGroup": k8s.run_as_group,
+        "seccompProfile": {"type": "Localhost", "localhostProfile": k8s.seccomp_profile},
+    }
+
+
+def _container_security(added: list[str]) -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], **({"add": added} if added else {})}}
+
+
 def deployment(settings: ServiceSettings, colour: Colour, version: str, replicas: int) -> Manifest:
     """One colour's Deployment serving `version` (what the swap applies)."""
     k8s = settings.kubernetes
-    if k8s.image is None or k8s.run_as_user is None or k8s.run_as_group is None:
-        raise ValueError("kubernetes.image, run_as_user and run_as_group must be set to render the engines")
+    security = _pod_security(settings)
     python = str(settings.engine.engine_python or "python3")
     model_dir = str(settings.swap.models_root / version)
     resources: dict[str, str] = {"cpu": k8s.cpu, "memory": k8s.memory}
@@ -113,11 +132,7 @@ def deployment(settings: ServiceSettings, colour: Colour, version: str, replicas
         "startupProbe": _probe(settings, python, "ready", k8s.startup_period_s, startup_failures),
         "readinessProbe": _probe(settings, python, "ready", k8s.readiness_period_s, 1),
         "livenessProbe": _probe(settings, python, "live", k8s.readiness_period_s, 3),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": False,
-            "capabilities": {"drop": ["ALL"], "add": list(k8s.capabilities)},
-        },
+        "securityContext": _container_security(list(k8s.capabilities)),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "model", "mountPath": model_dir, "readOnly": True},
@@ -126,12 +141,7 @@ def deployment(settings: ServiceSettings, colour: Colour, version: str, replicas
     pod_spec: dict[str, Any] = {
         "serviceAccountName": "default",
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": k8s.run_as_user,
-            "runAsGroup": k8s.run_as_group,
-            "seccompProfile": {"type": "Localhost", "localhostProfile": k8s.seccomp_profile},
-        },
+        "securityContext": security,
         "terminationGracePeriodSeconds": int(settings.readiness.drain_timeout_s) + 30,
         "containers": [container],
         "volumes": [
@@ -234,9 +244,55 @@ def swap_rbac(settings: ServiceSettings) -> list[Manifest]:
     return _role(settings, SWAP_ACCOUNT, rules)
 
 
+def scaler_objects(settings: ServiceSettings) -> list[Manifest]:
+    """The PID scaler in the cluster: its config (the service's settings) and one replica as ai-scaler."""
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(settings, SCALER, labels={"app": SCALER}),
+        "data": {CONFIG_FILE: yaml.safe_dump(settings.model_dump(mode="json"))},
+    }
+    python = str(settings.engine.engine_python or "python3")
+    container = {
+        "name": SCALER,
+        "image": settings.kubernetes.image,
+        "command": [python, "-m", "ironserve_service", "scale", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "resources": {"requests": dict(SCALER_RESOURCES), "limits": dict(SCALER_RESOURCES)},
+        "securityContext": _container_security([]),
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(settings, SCALER, labels={"app": SCALER}),
+        "spec": {
+            # One decision-maker: two scalers would fight over the same count.
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {"app": SCALER}},
+            "template": {
+                "metadata": {"labels": {"app": SCALER}},
+                "spec": {
+                    "serviceAccountName": SCALER_ACCOUNT,
+                    "securityContext": _pod_security(settings),
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": SCALER}}],
+                },
+            },
+        },
+    }
+    return [config_map, deployment]
+
+
 def static_objects(settings: ServiceSettings) -> list[Manifest]:
-    """What the deploy applies: the namespace, the Service skeleton and both controllers' RBAC."""
-    return [namespace(settings), service(settings), *swap_rbac(settings), *scaler_rbac(settings)]
+    """What the deploy applies: the namespace, the Service skeleton, both controllers' RBAC and the scaler."""
+    return [
+        namespace(settings),
+        service(settings),
+        *swap_rbac(settings),
+        *scaler_rbac(settings),
+        *scaler_objects(settings),
+    ]
 
 
 def colour_objects(settings: ServiceSettings, colour: Colour, version: str, replicas: int) -> list[Manifest]:

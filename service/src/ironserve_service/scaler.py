@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ironserve_service.kube import KubeClient, KubeError
+from ironserve_service.kube import KubeError, cluster_client
 from ironserve_service.kube_objects import deployment_name
 from ironserve_service.settings import COLOURS, ScalerSettings, ServiceSettings
 
@@ -331,10 +331,7 @@ def run_scaler(
 def serve(service: ServiceSettings) -> int:
     """The scaler against the local Prometheus and the Kubernetes API, until SIGTERM or SIGINT."""
     settings, namespace = service.scaler, service.kubernetes.namespace
-    if settings.api_server is None:
-        client = KubeClient.from_in_cluster(settings.request_timeout_s)
-    else:
-        client = KubeClient(settings.api_server, settings.token_file, settings.ca_file, settings.request_timeout_s)
+    client = cluster_client(service.kubernetes, settings.request_timeout_s)
     # Blocked signals wait in sigtimedwait: one that comes during a decision ends the loop after that decision.
     signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)

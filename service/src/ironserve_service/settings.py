@@ -359,6 +359,11 @@ class KubernetesServingSettings(_Strict):
     capabilities: list[str] = Field(default_factory=lambda: ["SYS_NICE"])
     startup_period_s: int = Field(default=10, gt=0)
     readiness_period_s: int = Field(default=5, gt=0)
+    # How the swap and the scaler reach the API server: an https URL with the bearer token and CA files below;
+    # None: in-cluster (KUBERNETES_SERVICE_HOST/PORT and the pod's service account files).
+    api_server: str | None = Field(default=None, pattern=r"^https://[^/?#]+$")
+    token_file: Path = SERVICE_ACCOUNT_DIR / "token"
+    ca_file: Path = SERVICE_ACCOUNT_DIR / "ca.crt"
 
     @field_validator("image")
     @classmethod
@@ -405,11 +410,6 @@ class ScalerSettings(_Strict):
     query: str = Field(default="avg(gpu_utilization_percent)", min_length=1)
     # Each Prometheus query and each Kubernetes API request.
     request_timeout_s: float = Field(default=5.0, gt=0)
-    # The API server's https URL, with the bearer token and CA files below; None: in-cluster
-    # (KUBERNETES_SERVICE_HOST/PORT and the pod's service account files).
-    api_server: str | None = Field(default=None, pattern=r"^https://[^/?#]+$")
-    token_file: Path = SERVICE_ACCOUNT_DIR / "token"
-    ca_file: Path = SERVICE_ACCOUNT_DIR / "ca.crt"
 
     @model_validator(mode="after")
     def _bounds(self) -> ScalerSettings:
