@@ -4,23 +4,27 @@
 # The lab node (ironserve/lab/kubernetes_node.py) runs these: a real control plane and a real kubelet, as an
 # oracle for API and kubelet behaviour (never the version ironserve pins for sites). Output, outside the
 # repository like the lab's root file systems:
-#   $IRONSERVE_CACHE/kubernetes-1.20.2/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubeadm,pause}
+#   $IRONSERVE_CACHE/kubernetes-1.20.2/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubeadm,kubectl,pause}
 #   $IRONSERVE_CACHE/kubernetes-1.20.2/debs/containernetworking-plugins_*.deb   (the CNI plugins for the VM)
-# A stamp file marks a finished build; with it present this script does nothing. Nothing on this machine's
-# apt configuration changes: the source list, apt's lists and its cache are private to the cache directory.
+# A stamp file naming the components marks a finished build; with it present this script does nothing. A build
+# happens beside the old one and replaces it only when done, so the lab keeps running the old binaries meanwhile.
+# Nothing on this machine's apt configuration changes: the source list, apt's lists and its cache are private to
+# the cache directory.
 set -euo pipefail
 
 CACHE="${IRONSERVE_CACHE:-$HOME/.cache/ironserve}"
-ROOT="$CACHE/kubernetes-1.20.2"
+FINAL="$CACHE/kubernetes-1.20.2"
+ROOT="$FINAL.building"
 BIN="$ROOT/bin"
-STAMP="$ROOT/.built"
-COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubeadm)
+STAMP="$FINAL/.built"
+# kubectl: the deploy's diff and server-side apply, run for real against the lab's API server.
+COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubeadm kubectl)
 
 # One build at a time (`make kubernetes-build` and a lab test may start at once); the second finds the stamp.
 mkdir -p "$CACHE"
 exec 9>"$CACHE/kubernetes-build.lock"
 flock 9
-if [ -e "$STAMP" ]; then
+if [ -e "$STAMP" ] && [ "$(cat "$STAMP")" = "${COMPONENTS[*]}" ]; then
   exit 0
 fi
 
@@ -109,5 +113,9 @@ gcc -Os -static -o "$BIN/pause" "$tree/build/pause/linux/pause.c"
 
 "$BIN/kubelet" --version
 rm -rf "$ROOT/src" "$ROOT/gocache" "$ROOT/home" "$ROOT/apt"
-echo "build-kubernetes: built in $(($(date +%s) - started)) s into $BIN"
-touch "$STAMP"
+echo "${COMPONENTS[*]}" >"$ROOT/.built"
+rm -rf "$FINAL.old"
+if [ -d "$FINAL" ]; then mv "$FINAL" "$FINAL.old"; fi
+mv "$ROOT" "$FINAL"
+rm -rf "$FINAL.old"
+echo "build-kubernetes: built in $(($(date +%s) - started)) s into $FINAL/bin"

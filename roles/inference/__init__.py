@@ -32,6 +32,7 @@ from roles.inference.operations import (
     locked_environment,
     model_store_ready,
     model_version_dir,
+    objects_applied,
     runtime_dirs,
     service_package,
     serving,
@@ -48,6 +49,7 @@ WHEEL_DIR = "/opt/ironserve/wheels"
 TMPFILES = "/etc/tmpfiles.d/ironserve.conf"
 KUBERNETES_DIR = Path("/etc/ironserve/kubernetes")
 KUBERNETES_OBJECTS = KUBERNETES_DIR / "ai-service.yaml"
+ADMIN_KUBECONFIG = "/etc/kubernetes/admin.conf"  # kubeadm's, on every control plane
 PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
 PROMETHEUS_RULES = "/etc/prometheus/ironserve-rules.yml"
 COMPONENTS = {  # unit -> (ironserve-service command, what it is, units it starts after)
@@ -238,18 +240,26 @@ def _prometheus(settings: ServiceSettings, frozen: bool) -> None:
 def _kubernetes_host(config: StackConfig, settings: ServiceSettings, version: str) -> None:
     """A cluster host in kubernetes mode: the model store the pods mount (read as security_uid/security_gid,
     which roles/security gives the account), and the service's static objects (strictly validated at inventory
-    load, with both colours' Deployments) for `kubectl apply --server-side`; the colours are applied by the swap.
-    No engine unit, router or control loop runs on the host."""
+    load, with both colours' Deployments), applied server-side from each control plane when the cluster differs;
+    the colours are applied by the swap. No engine unit, router or control loop runs on the host."""
     _install_model(config, settings, version)
     frozen = config.clear_immutable
     owned_directory(name="/etc/ironserve", path=str(CONFIG_PATH.parent), clear_immutable=frozen)
     owned_directory(name="The service's Kubernetes objects", path=str(KUBERNETES_DIR), clear_immutable=frozen)
+    objects = manifests.dump_all(deploy_objects(config))
     owned_file(
         name="Kubernetes objects of the service (strictly validated)",
         path=str(KUBERNETES_OBJECTS),
-        content=manifests.dump_all(deploy_objects(config)),
+        content=objects,
         clear_immutable=frozen,
     )
+    if config.kubernetes.role == "control-plane":  # every control plane has the admin kubeconfig; one apply wins
+        objects_applied(
+            name="The service's objects applied (server-side, field manager ironserve)",
+            path=str(KUBERNETES_OBJECTS),
+            objects=objects,
+            kubeconfig=ADMIN_KUBECONFIG,
+        )
 
 
 def inference_deployable(config: StackConfig) -> None:

@@ -9,8 +9,10 @@ shown refusing a colour whose pods cannot be scheduled, which is the gate a real
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -32,9 +34,14 @@ from ironserve_service.kube_swap import kube_swap
 from ironserve_service.scaler import Scaler
 from ironserve_service.settings import ServiceSettings
 
-from ironserve.lab.kubernetes_control_plane import ControlPlane, service_account_user, wait_for
+from ironserve import manifests
+from ironserve.lab import kubernetes_control_plane
+from ironserve.lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane, service_account_user, wait_for
 from roles import stack_config
+from roles.inference.facts import KubectlDiff, ObjectsDiff
 from roles.inference.kubernetes import deploy_objects, host_settings
+from roles.inference.operations import objects_applied
+from tests.unit.operation_harness import FakeHost, fact_key, run_operation
 from tests.unit.test_inference_kubernetes import KUBERNETES_MODE
 
 pytestmark = pytest.mark.lab
@@ -208,3 +215,58 @@ def test_the_kube_swap_command_refuses_the_same_gate_with_the_swaps_token(
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.splitlines()[-1].startswith("FAILED gate ready: ai-service-blue not ready within 3 s")
     assert admin_get(applied, deployment_path("blue"))["spec"]["replicas"] == 0
+
+
+def _run_on_this_machine(command: str, plane: ControlPlane) -> subprocess.CompletedProcess[str]:
+    """A fact's or an operation's shell command as the host would run it, with the lab's real kubectl 1.20.2."""
+    path = f"{kubernetes_control_plane.build_dir() / 'bin'}:{os.environ['PATH']}"
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env={**os.environ, "PATH": path})
+
+
+def _diff(plane: ControlPlane) -> ObjectsDiff | None:
+    objects = manifests.dump_all(deploy_objects(CONFIG))
+    fact = KubectlDiff()
+    result = _run_on_this_machine(fact.command(objects, str(plane.directory / "admin.conf")), plane)
+    return fact.process(result.stdout.splitlines())
+
+
+def test_the_deploys_diff_fact_finds_nothing_to_apply_when_the_objects_are_in_force(applied: ControlPlane) -> None:
+    """roles/inference's KubectlDiff fact, run with the real kubectl against the real API server: the objects the
+    fixture applied (as field manager ironserve) are in force, so the deploy's objects_applied is a no-op."""
+    diff = _diff(applied)
+    assert diff is not None and (diff.status, diff.stderr) == (0, "")
+
+
+def test_a_widened_role_is_found_by_the_diff_and_the_deploys_apply_restores_it(applied: ControlPlane) -> None:
+    """Drift of the kind that matters: someone lets the scaler update whole Deployments. The diff fact finds it
+    (kubectl's status 1), objects_applied yields the apply, which, run with the real kubectl, puts the Role back."""
+    role = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/{SCALER_ACCOUNT}"
+    wide = [{"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale"], "verbs": ["*"]}]
+    applied.request("PATCH", role, {"rules": wide}, content_type=MERGE_PATCH)
+    kubeconfig = str(applied.directory / "admin.conf")
+    objects = manifests.dump_all(deploy_objects(CONFIG))
+    diff = _diff(applied)
+    assert diff is not None and diff.status == 1, diff
+    objects_file = Path(tempfile.mkdtemp()) / "ai-service.yaml"
+    objects_file.write_text(objects)
+    host = FakeHost({fact_key(KubectlDiff, (), {"objects": objects, "kubeconfig": kubeconfig}): diff})
+    [command] = run_operation(objects_applied, host, path=str(objects_file), objects=objects, kubeconfig=kubeconfig)
+    result = _run_on_this_machine(str(command), applied)
+    assert result.returncode == 0, result.stderr
+    assert admin_get(applied, role)["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["deployments/scale"], "resourceNames": [deployment_name("blue"),
+         deployment_name("green")], "verbs": ["get", "patch"]}
+    ]  # fmt: skip
+    after = _diff(applied)
+    assert after is not None and after.status == 0, after
+
+
+def test_a_hand_changed_service_port_makes_the_apply_fail_loudly(applied: ControlPlane) -> None:
+    """A port number edited by hand is another manager's entry of the ports list (keyed by port and protocol):
+    the diff fails with the server's message (status 2) and so would the apply, both naming the duplicate; the
+    deploy stops this host with that message rather than guess which port to drop."""
+    service = f"/api/v1/namespaces/{NAMESPACE}/services/{SERVICE}"
+    port = {"name": "http", "port": 9999, "targetPort": "http", "protocol": "TCP"}
+    applied.request("PATCH", service, {"spec": {"ports": [port]}}, content_type=MERGE_PATCH)
+    diff = _diff(applied)
+    assert diff is not None and diff.status == 2 and 'Duplicate value: "http"' in diff.stderr, diff
