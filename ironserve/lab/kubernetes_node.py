@@ -11,7 +11,10 @@ pins for sites.
   10.0.2.2. The API server cannot reach the kubelet, so results are read from the API (pod status,
   termination messages) or over SSH.
 - Its images are built here without a registry or docker: the pause program from the same source package,
-  and a static test program (files/kubernetes-probe.c), each as a docker archive `ctr images import` reads.
+  a static test program (files/kubernetes-probe.c), and the stand-in of the engine image (files/engine-standin.c
+  at the engine's Python path: the launcher's readiness markers and probes, no model), each as a docker archive
+  `ctr images import` reads. The stand-in is named in containerd by digest too (repo@sha256:<manifest>), the
+  form the service's Deployments name their image in.
 - Before the kubelet is started, ironserve's own check (roles.kubernetes.checks.cgroup_driver_problem)
   compares its configuration with the VM's real containerd config.toml; a mismatch starts nothing.
 """
@@ -21,13 +24,16 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
+import shlex
 import subprocess
 import tarfile
 import tempfile
 import time
 import tomllib
 import urllib.error
-from pathlib import Path
+import urllib.parse
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ironserve.lab import remote
@@ -35,8 +41,13 @@ from ironserve.lab.kubernetes_control_plane import VERSION, ControlPlane, build_
 from ironserve.lab.state import LabHost
 from roles.kubernetes.checks import CRI_PLUGIN, cgroup_driver_problem
 
-PROBE_SOURCE = Path(__file__).resolve().parent / "files" / "kubernetes-probe.c"
+FILES = Path(__file__).resolve().parent / "files"
+PROBE_SOURCE = FILES / "kubernetes-probe.c"
 PROBE_IMAGE = "lab.ironserve.invalid/kubernetes-probe:1"
+ENGINE_STANDIN_SOURCE = FILES / "engine-standin.c"
+ENGINE_STANDIN_REPOSITORY = "lab.ironserve.invalid/engine-standin"
+ENGINE_STANDIN_TAG = f"{ENGINE_STANDIN_REPOSITORY}:1"
+IMAGES_NAMESPACE = "k8s.io"  # containerd's namespace of the CRI plugin (the kubelet's images)
 POD_CIDR = "10.244.0.0/24"  # host-local's range on the node's bridge
 CNI_BRIDGE = "cni0"
 CNI_PLUGINS = ("bridge", "host-local", "loopback")  # what the conflist uses: no masquerade, no port maps
@@ -49,6 +60,7 @@ GUEST_KUBECONFIG = "/etc/kubernetes/kubelet.conf"
 GUEST_CA = "/etc/kubernetes/pki/ca.crt"
 GUEST_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 GUEST_IMAGES = "/var/tmp/ironserve-lab-images"
+TASK_EVENTS = "/var/tmp/ironserve-lab-task-events.log"  # record_task_exits' file
 KUBELET_UNIT = "lab-kubelet.service"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
@@ -61,10 +73,23 @@ class KubeletRefused(RuntimeError):
 # --- images -----------------------------------------------------------------------------------------------
 
 
-def docker_archive(tag: str, files: dict[str, bytes], entrypoint: list[str]) -> bytes:
-    """A one-layer image as `docker save` writes it: executables at `files` paths, run as `entrypoint`."""
+def docker_archive(
+    tag: str, files: dict[str, bytes], entrypoint: list[str], directories: dict[str, int] | None = None
+) -> bytes:
+    """A one-layer image as `docker save` writes it: executables at `files` paths, run as `entrypoint`.
+
+    `directories`: paths -> mode of directories the layer holds (e.g. a world-writable /tmp); the files' parent
+    directories are in it too, 0755. Every entry is root's with mtime 0, so the same input gives the same bytes
+    (and the same digests, the image's manifest digest included).
+    """
+    wanted = {str(parent): 0o755 for path in files for parent in PurePosixPath(path).parents if str(parent) != "/"}
+    wanted |= directories or {}
     layer_buffer = io.BytesIO()
     with tarfile.open(fileobj=layer_buffer, mode="w", format=tarfile.PAX_FORMAT) as layer:
+        for directory, mode in sorted(wanted.items()):
+            info = tarfile.TarInfo(directory.strip("/"))
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            layer.addfile(info)
         for path, content in sorted(files.items()):
             info = tarfile.TarInfo(path.lstrip("/"))
             info.size, info.mode = len(content), 0o755
@@ -94,12 +119,88 @@ def docker_archive(tag: str, files: dict[str, bytes], entrypoint: list[str]) -> 
     return archive_buffer.getvalue()
 
 
+def static_binary(source: Path) -> bytes:
+    """`source` (C) compiled static, so that its image needs no libraries."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / source.stem
+        subprocess.run(["gcc", "-Os", "-static", "-o", str(out), str(source)], check=True)
+        return out.read_bytes()
+
+
 def probe_binary() -> bytes:
     """The test program, compiled static so its image needs no libraries."""
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "probe"
-        subprocess.run(["gcc", "-Os", "-static", "-o", str(out), str(PROBE_SOURCE)], check=True)
-        return out.read_bytes()
+    return static_binary(PROBE_SOURCE)
+
+
+def engine_standin_archive(engine_python: str) -> bytes:
+    """The stand-in engine image: files/engine-standin.c at `engine_python` (the interpreter the service's
+    Deployment runs: `launch` and the `probe ready|live` exec probes), and /tmp (1777) for the launcher's markers:
+    the pod runs as the service account's uid, which owns nothing in the image."""
+    binary = static_binary(ENGINE_STANDIN_SOURCE)
+    return docker_archive(ENGINE_STANDIN_TAG, {engine_python: binary}, [engine_python], {"/tmp": 0o1777})
+
+
+def import_engine_standin(host: LabHost, engine_python: str) -> str:
+    """Import the stand-in engine image into the node's containerd, named by its tag and by digest; returns the
+    digest reference, `lab.ironserve.invalid/engine-standin@sha256:<64 hex>`, for
+    `inference_service.kubernetes.image`.
+
+    The CRI plugin resolves a reference by image name, and `ctr images import` of a docker archive names the
+    image by its tag only: the Deployment's digest reference would not be found locally, and the kubelet's
+    default pull policy for it (IfNotPresent) would try the registry. `--digests --base-name <repository>` makes
+    containerd add the name `<repository>@<manifest digest>` itself (the manifest is the one it writes for the
+    archive, see manifest_digest); the digest returned is the one containerd lists for that name.
+    """
+    archive = f"{GUEST_IMAGES}/engine-standin.tar"
+    copy_files(host, {archive: (engine_standin_archive(engine_python), 0o644)})
+    ctr = f"ctr -n {IMAGES_NAMESPACE} images"
+    imported = f"{ctr} import --digests --base-name {ENGINE_STANDIN_REPOSITORY} {archive} >/dev/null"
+    remote.run(host, f"{imported} && rm -f {archive}", timeout=300)
+    reference = f"{ENGINE_STANDIN_REPOSITORY}@{image_digest(host, ENGINE_STANDIN_TAG)}"
+    if image_digest(host, reference) != reference.split("@")[1]:
+        raise LookupError(f"containerd names no image {reference}")
+    return reference
+
+
+def manifest_digest(archive: bytes) -> str:
+    """The digest of the manifest containerd 1.6 writes when it imports the docker archive `archive`: a Docker
+    schema 2 manifest of the archive's config and layer blobs (uncompressed), as Go's encoding/json writes it
+    (compact, fields in this order). A docker archive carries no manifest of its own."""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
+        (entry,) = json.loads(_member(opened, "manifest.json"))
+
+        def descriptor(media_type: str, name: str) -> dict[str, Any]:
+            blob = _member(opened, name)
+            return {"mediaType": media_type, "digest": f"sha256:{hashlib.sha256(blob).hexdigest()}", "size": len(blob)}
+
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": descriptor("application/vnd.docker.container.image.v1+json", entry["Config"]),
+            "layers": [descriptor("application/vnd.docker.image.rootfs.diff.tar", name) for name in entry["Layers"]],
+        }
+    return f"sha256:{hashlib.sha256(json.dumps(manifest, separators=(',', ':')).encode()).hexdigest()}"
+
+
+def _member(archive: tarfile.TarFile, name: str) -> bytes:
+    member = archive.extractfile(name)
+    if member is None:
+        raise LookupError(f"{name} is not a file in the archive")
+    return member.read()
+
+
+def image_digest(host: LabHost, name: str) -> str:
+    """The target (manifest) digest containerd records for the image `name` (`ctr images ls`' DIGEST column)."""
+    listing = remote.run(host, f"ctr -n {IMAGES_NAMESPACE} images ls name=={name}")
+    rows = [line.split() for line in listing.splitlines()[1:] if line.split() and line.split()[0] == name]
+    if len(rows) != 1 or not re.fullmatch(r"sha256:[0-9a-f]{64}", rows[0][2]):
+        raise LookupError(f"containerd has no single image {name}: {listing!r}")
+    return rows[0][2]
+
+
+def image_names(host: LabHost) -> set[str]:
+    """The names of the images in the kubelet's containerd namespace."""
+    return set(remote.run(host, f"ctr -n {IMAGES_NAMESPACE} images ls -q").split())
 
 
 def cni_plugins() -> dict[str, bytes]:
@@ -220,6 +321,28 @@ def copy_files(host: LabHost, files: dict[str, tuple[bytes, int]]) -> None:
     )
 
 
+def make_model_dir(host: LabHost, path: str, gid: int) -> None:
+    """A version's directory on the node's model store as the inference role leaves it: root:<gid> 0750 (the
+    pods' hostPath volume, type Directory, read by the service account's group)."""
+    remote.run(host, f"install -d -o root -g {gid} -m 0750 {shlex.quote(path)}")
+
+
+def record_task_exits(host: LabHost, limit_s: int = 900) -> int:
+    """Start recording containerd's events in the VM (`ctr events` of the kubelet's namespace, stopped after
+    `limit_s` at the latest); returns the recorder's pid for task_exits."""
+    command = f"timeout {limit_s} ctr -n {IMAGES_NAMESPACE} events >{TASK_EVENTS} 2>&1 </dev/null"
+    return int(remote.run(host, f"nohup {command} & echo $!").strip())
+
+
+def task_exits(host: LabHost, recorder: int) -> list[dict[str, Any]]:
+    """Stop the recorder record_task_exits started and return the task exits it saw, as containerd publishes
+    them ({container_id, id (the container's id for its init process, the exec id for an exec), pid, exit_status,
+    exited_at}); containerd's JSON omits a zero exit_status, filled in here."""
+    text = remote.run(host, f"kill {recorder} 2>/dev/null; sleep 0.5; cat {TASK_EVENTS}; rm -f {TASK_EVENTS}")
+    topic = f" {IMAGES_NAMESPACE} /tasks/exit "
+    return [{"exit_status": 0, **json.loads(line.split(topic, 1)[1])} for line in text.splitlines() if topic in line]
+
+
 def kubelet_pid(host: LabHost) -> int:
     """The running kubelet's pid; 0 when it does not run."""
     return int(remote.run(host, f"systemctl show --property MainPID --value {KUBELET_UNIT}").strip() or 0)
@@ -294,3 +417,12 @@ def wait_for_pod(plane: ControlPlane, name: str, phases: set[str], timeout: floa
 def termination_message(pod: dict[str, Any]) -> str:
     terminated = pod["status"]["containerStatuses"][0]["state"].get("terminated", {})
     return str(terminated.get("message", "")).strip()
+
+
+def events_of(plane: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The events whose involved object is named `name` in `namespace` (the kubelet's, the controllers')."""
+    selector = urllib.parse.quote(f"involvedObject.name={name}")
+    items: list[dict[str, Any]] = plane.request(
+        "GET", f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}"
+    )["items"]
+    return items

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ironserve_service.kube import KubeError
 from ironserve_service.kube_objects import (
     SERVICE,
     VERSION_ANNOTATION,
@@ -77,7 +78,12 @@ def rollout_problem(obj: dict[str, Any]) -> str | None:
 
 def endpoint_colours(api: Api, settings: ServiceSettings) -> set[str]:
     """The colours of the pods the Service's Endpoints list (the endpoints controller's view of the switch)."""
-    endpoints = api.get(f"/api/v1/namespaces/{settings.kubernetes.namespace}/endpoints/{SERVICE}")
+    try:
+        endpoints = api.get(f"/api/v1/namespaces/{settings.kubernetes.namespace}/endpoints/{SERVICE}")
+    except KubeError as error:
+        if error.status != 404:
+            raise
+        return set()  # the endpoints controller writes the object only after the Service first has a selector
     pods = [
         address.get("targetRef", {}).get("name", "")
         for subset in endpoints.get("subsets") or []
