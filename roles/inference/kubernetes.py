@@ -61,8 +61,10 @@ def deploy_objects(config: StackConfig) -> list[manifests.Manifest]:
 def service_objects(config: StackConfig) -> list[manifests.Manifest]:
     """Every object of the service: the static ones the deploy applies, then each colour as the swap applies it
     for the configured version (the first colour with one replica, the other scaled to zero)."""
-    settings = host_settings(config)
-    version = config.inference.version()
+    return _every_object(host_settings(config), config.inference.version())
+
+
+def _every_object(settings: ServiceSettings, version: str) -> list[manifests.Manifest]:
     objects = static_objects(settings)
     for colour in COLOURS:
         objects += colour_objects(settings, colour, version, replicas=1 if colour == COLOURS[0] else 0)
@@ -94,9 +96,10 @@ def pod_policy_problems(obj: manifests.Manifest) -> list[str]:
 
 def kubernetes_problems(config: StackConfig) -> list[str]:
     """The objects' problems at the cluster's pinned Kubernetes version (empty: all valid)."""
-    objects = service_objects(config)
+    settings = host_settings(config)
+    objects = _every_object(settings, config.inference.version())
     found = manifests.problems(objects, config.kubernetes.version)
-    prometheus = urlsplit(host_settings(config).scaler.prometheus_url).hostname or ""
+    prometheus = urlsplit(settings.scaler.prometheus_url).hostname or ""
     if prometheus == "localhost" or prometheus.startswith("127.") or prometheus == "::1":
         found.append(
             f"inference_service.scaler.prometheus_url names {prometheus}: the scaler runs in a pod, whose loopback is "

@@ -30,7 +30,7 @@ from ironserve_service.kube_objects import (
     colour_objects,
     deployment_name,
 )
-from ironserve_service.kube_swap import kube_swap
+from ironserve_service.kube_swap import endpoint_colours, kube_swap
 from ironserve_service.scaler import Scaler
 from ironserve_service.settings import ServiceSettings
 
@@ -109,6 +109,16 @@ def test_a_second_apply_of_the_deploys_objects_changes_nothing(applied: ControlP
         applied.apply(obj)
     for path, old in before.items():
         assert admin_get(applied, path)["metadata"]["resourceVersion"] == old["metadata"]["resourceVersion"], path
+
+
+def test_before_any_selector_the_switch_gate_reads_no_colour_from_the_absent_endpoints(
+    applied: ControlPlane, tmp_path: Path
+) -> None:
+    """1.20's endpoints controller writes no Endpoints for a Service without a selector: the read is a 404, which
+    the switch gate must take as "no colour yet" and keep waiting, not raise after the selector moved."""
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        admin_get(applied, f"/api/v1/namespaces/{NAMESPACE}/endpoints/{SERVICE}")
+    assert endpoint_colours(client_as(applied, SWAP_ACCOUNT, tmp_path), settings()) == set()
 
 
 @pytest.mark.invariant("scale-patch-deployment")

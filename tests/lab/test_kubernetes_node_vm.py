@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ironserve_service.kube import KubeClient, KubeError
+from ironserve_service.kube import KubeClient
 from ironserve_service.kube_objects import (
     CONFIG_FILE,
     SCALER,
@@ -273,34 +273,6 @@ def standin_config(image: str, model_source: str = str(model_versions()["lab-v1"
     return stack_config(f"{NAMESPACE}-lab-node", {**data, "inference_service": service})
 
 
-class SwapApi:
-    """kube_swap's Api over the ai-swap account's KubeClient, with one work-around of a race in kube_swap, the
-    fix proposed for it: a GET of the Service's Endpoints that answers 404 is an Endpoints object without
-    addresses. The endpoints controller writes no Endpoints for a Service without a selector (the deploy's
-    ai-service, see test_before_the_first_swap_the_service_has_no_endpoints_object) and writes them a moment
-    after the first swap sets the selector; kube_swap's switch gate reads them at once and, on 404, raises
-    KubeError out of the swap after the selector moved (no drain, no SwapResult). `absent` counts the answers
-    replaced, printed with the swap."""
-
-    def __init__(self, client: KubeClient) -> None:
-        self.client = client
-        self.absent = 0
-
-    def get(self, path: str) -> dict[str, Any]:
-        try:
-            return self.client.get(path)
-        except KubeError as error:
-            if error.status != 404 or not path.endswith(f"/endpoints/{SERVICE}"):
-                raise
-            self.absent += 1
-            return {"apiVersion": "v1", "kind": "Endpoints", "subsets": []}
-
-    def patch(
-        self, path: str, body: dict[str, Any], content_type: str = "application/merge-patch+json"
-    ) -> dict[str, Any]:
-        return self.client.patch(path, body, content_type)
-
-
 @dataclass
 class Serving:
     """The service's static objects applied to the node's cluster, its model store's versions made on the node."""
@@ -308,7 +280,7 @@ class Serving:
     config: StackConfig
     settings: ServiceSettings
     image: str
-    api: SwapApi  # the ai-swap ServiceAccount's own token
+    api: KubeClient  # the ai-swap ServiceAccount's own token
     versions: tuple[str, str]
 
 
@@ -349,18 +321,15 @@ def serving(node: LabNode, tmp_path_factory: pytest.TempPathFactory) -> Serving:
     token.write_text(node.plane.service_account_token(NAMESPACE, SWAP_ACCOUNT))
     client = KubeClient(node.plane.api_url, token, node.plane.directory / "pki" / "ca.crt", timeout_s=10)
     steps.done("stand-in engine image imported, the service's objects applied")
-    return Serving(config, settings, image, SwapApi(client), versions)
+    return Serving(config, settings, image, client, versions)
 
 
 def swap_to(serving: Serving, version: str, settings: ServiceSettings | None = None) -> Swapped:
     """kube_swap as the ai-swap account, its log and timings printed (CI's log shows what each step took)."""
     lines: list[str] = []
-    absent_before = serving.api.absent
     result = kube_swap(settings or serving.settings, serving.api, version, log=lines.append)
     timings = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in result.timings.items())
-    absent = serving.api.absent - absent_before
-    print(f"lab node: kube_swap {version}: {result.gate} ({result.detail}); {timings}; Endpoints 404 x{absent}",
-          file=sys.stderr)  # fmt: skip
+    print(f"lab node: kube_swap {version}: {result.gate} ({result.detail}); {timings}", file=sys.stderr)
     for line in lines:
         print(f"lab node:   {line}", file=sys.stderr)
     return Swapped(result, lines)
@@ -567,7 +536,7 @@ def test_the_digest_is_the_manifest_containerd_writes_for_the_archive(serving: S
 
 def test_before_the_first_swap_the_service_has_no_endpoints_object(node: LabNode, serving: Serving) -> None:
     """The deploy's Service has no selector, and 1.20's endpoints controller writes Endpoints only for a Service
-    with one: until the first swap sets it, reading them is a 404 (what SwapApi allows for)."""
+    with one: until the first swap sets it, reading them is a 404 (which kube_swap's switch gate waits through)."""
     with pytest.raises(urllib.error.HTTPError) as absent:
         node.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/endpoints/{SERVICE}")
     assert absent.value.code == 404

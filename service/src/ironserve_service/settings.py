@@ -9,7 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ironserve_service.kube import SERVICE_ACCOUNT_DIR
+from ironserve_service.kube import DNS_1123_LABEL, SERVICE_ACCOUNT_DIR
 
 
 class _Strict(BaseModel):
@@ -343,7 +343,7 @@ class KubernetesServingSettings(_Strict):
     """How the engines run in `kubernetes` mode: one Deployment per colour in `namespace` (kube_objects.py)."""
 
     # k8s-ai-service-objects: namespace ai, Service ai-service, container ai-container.
-    namespace: str = Field(default="ai", pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    namespace: str = Field(default="ai", pattern=f"^{DNS_1123_LABEL}$")
     image: str | None = None
     # The account the engines run as, by number: a pod names no account by name, and the model store is
     # root:<group> 0750 on every node.
