@@ -6,10 +6,11 @@ venv), all on 127.0.0.1, and stops them all. Figures only; no assertions. The lo
 SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, no SDK retries).
 
 - switch latency: the etcd compare-and-swap write -> the first request answered through Envoy by the new
-  colour (`swap` polls /health through Envoy every 5 ms), split into the control loop (write -> its
-  rename of rds.json, which includes its /health re-check of the new colour), Envoy (rename -> the new
-  route_version in its admin, polled every 5 ms) and the first answer (-> a response from the new colour);
-  the split is good to about the 5 ms poll, so a first answer can read a few ms below zero.
+  colour (`swap` polls /health through Envoy every 5 ms). `swap` runs in its own process, as an admin's
+  command does, so the load generator's threads do not hold its GIL. Broken down (hotswap_stack.SWITCH_STEPS)
+  with the control loop's own timestamps (its switch log line) and Envoy's (the route's `last_updated` in
+  its admin): etcd watch (write -> event parsed), readiness check, route file write, Envoy apply (rename ->
+  applied, 1 ms resolution) and first answer (applied -> /health answered by the new colour through Envoy).
 - Envoy's added latency: the same requests sent alternately to vLLM directly and through Envoy, no load;
   and vLLM's own `vllm bench serve` (random 16-token prompts, 8 output tokens) against the engine and
   through Envoy, side by side.
@@ -25,7 +26,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections import Counter
@@ -35,7 +35,16 @@ SERVICE = Path(__file__).resolve().parents[1] / "service"
 sys.path.insert(0, str(SERVICE / "tests"))
 
 from conftest import ENGINE_PYTHON, SERVICE_DIR, TINY_MODEL_DIR  # noqa: E402
-from hotswap_stack import Load, Stack, build_stack, failures  # noqa: E402
+from hotswap_stack import (  # noqa: E402
+    SWITCH_STEPS,
+    Load,
+    Stack,
+    build_stack,
+    control_switches,
+    failures,
+    percentile,
+    switch_breakdown,
+)
 from ironserve_service import router, swap  # noqa: E402
 from ironserve_service.control import EnvoyAdmin  # noqa: E402
 
@@ -50,13 +59,6 @@ add_cli_args(parser)
 result = main(parser.parse_args(sys.argv[1:]))
 print("RESULT " + json.dumps({k: v for k, v in result.items() if isinstance(v, (int, float))}))
 """
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def timed_get(url: str) -> float:
@@ -75,41 +77,33 @@ def timed_chat(url: str) -> float:
     return time.perf_counter() - started
 
 
-class RouteWatch:
-    """Polls Envoy's admin for the route version every 5 ms and keeps when each version first appeared."""
-
-    def __init__(self, admin: EnvoyAdmin) -> None:
-        self.admin = admin
-        self.seen: dict[str, float] = {}
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                version = self.admin.route_version()
-            except OSError:
-                version = None
-            if version is not None and version not in self.seen:
-                self.seen[version] = time.time()
-            self.stopped.wait(0.005)
-
-    def applied_at(self, version: str) -> float | None:
-        return self.seen.get(version)
+# `swap MODEL VERSION` as the CLI runs it, in a process of its own, printing its SwapResult as JSON.
+SWAP_PROCESS = """
+import dataclasses, json, sys
+from ironserve_service import settings, swap
+result = swap.swap(settings.load_settings(sys.argv[1]), "qwen2-7b", sys.argv[2], log=lambda line: None)
+print(json.dumps(dataclasses.asdict(result)))
+"""
 
 
-def breakdown(stack: Stack, watch: RouteWatch, result: swap.SwapResult) -> tuple[float, float, float] | None:
-    """(control loop, Envoy, first answer) in ms for one swap: write -> rename -> admin shows -> served."""
-    if result.written_at is None or "switch_s" not in result.timings or result.colour is None:
+def swap_in_own_process(stack: Stack, version: str) -> swap.SwapResult:
+    command = [sys.executable, "-c", SWAP_PROCESS, str(stack.config), version]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=900)
+    return swap.SwapResult(**json.loads(done.stdout.splitlines()[-1]))
+
+
+def breakdown(stack: Stack, result: swap.SwapResult) -> dict[str, float] | None:
+    """Milliseconds per SWITCH_STEPS of the swap just done: its etcd write, the control loop's switch line for
+    the revision the route names, Envoy's apply of that route, and swap's first answer from the new colour."""
+    if result.written_at is None or "switch_s" not in result.timings:
         return None
     revision, colour, version = router.current_route(stack.settings.swap)
-    renamed = (stack.settings.swap.router_dir / router.RDS_FILE).stat().st_mtime
-    applied = watch.applied_at(router.route_version(colour, version, revision))  # type: ignore[arg-type]
-    if applied is None:
+    control = control_switches((stack.logs / "control.log").read_text()).get(revision)
+    applied = EnvoyAdmin(stack.settings.swap.admin_port).route_applied()
+    if control is None or applied is None or applied[0] != router.route_version(colour, version, revision):
         return None
-    served = result.written_at + result.timings["switch_s"]
-    return (renamed - result.written_at) * 1000, (applied - renamed) * 1000, (served - applied) * 1000
+    served_at = result.written_at + result.timings["switch_s"]
+    return switch_breakdown(result.written_at, control, applied[1], served_at)
 
 
 def bench_serve(base_url: str, prompts: int) -> dict[str, float]:
@@ -143,30 +137,31 @@ def main() -> None:
         stack = build_stack(Path(work), TINY_MODEL_DIR, ENGINE_PYTHON)
         stack.start()
         try:
-            first = swap.swap(stack.settings, "qwen2-7b", "v1", log=lambda line: None)
+            first = swap_in_own_process(stack, "v1")
             if not first.ok:
                 raise SystemExit(f"initial deploy failed: {first}")
             load = Load(stack.url(""), clients=args.clients, max_s=3600).start()
-            watch = RouteWatch(EnvoyAdmin(stack.settings.swap.admin_port))
-            results, parts = [], []
+            results: list[swap.SwapResult] = []
+            parts: list[dict[str, float]] = []
+            load_before = os.getloadavg()
             started = time.monotonic()
             try:
                 for index in range(args.swaps):
                     version = "v2" if index % 2 == 0 else "v1"
-                    result = swap.swap(stack.settings, "qwen2-7b", version, log=lambda line: None)
+                    result = swap_in_own_process(stack, version)
                     results.append(result)
-                    split = breakdown(stack, watch, result)
+                    split = breakdown(stack, result)
                     if split is not None:
                         parts.append(split)
                     print(f"swap {index + 1}/{args.swaps} -> {version}: {result.gate} "
                           f"{ {k: round(v, 3) for k, v in result.timings.items()} } "
-                          f"control/envoy/answer ms {[round(p, 1) for p in split or ()]}", flush=True)  # fmt: skip
+                          f"switch ms { {k: round(v, 1) for k, v in (split or {}).items()} }", flush=True)  # fmt: skip
                     if not result.ok:
                         break
             finally:
                 outcomes = load.stop()
-                watch.stopped.set()
             elapsed = time.monotonic() - started
+            load_after = os.getloadavg()
             direct_port = stack.settings.swap.port(results[-1].colour or "blue")
             direct, proxied, direct_chat, proxied_chat = [], [], [], []
             for _ in range(args.samples):
@@ -189,6 +184,8 @@ def main() -> None:
     h2c = sum(o.protocol == "h2c" for o in outcomes)
     print()
     print(f"swaps completed            {len(ok)}/{args.swaps} in {elapsed:.0f} s, {args.clients} clients")
+    print(f"host                       {os.cpu_count()} CPUs, load average (1 min) {load_before[0]:.1f} before the "
+          f"swaps, {load_after[0]:.1f} after")  # fmt: skip
     print(
         f"requests                   {len(outcomes)} ({streamed} streaming, {h2c} over h2c), failed {len(bad)}, "
         f"incomplete {sum(o.ok and not o.complete for o in outcomes)}"
@@ -198,9 +195,10 @@ def main() -> None:
                                                  for (p, s, ok), n in sorted(by_mode.items())))  # fmt: skip
     print(f"switch latency ms          p50 {percentile(switch, 50):.1f}  p99 {percentile(switch, 99):.1f}  "
           f"max {max(switch, default=float('nan')):.1f}")  # fmt: skip
-    for index, name in enumerate(("control loop", "Envoy apply", "first answer")):
-        values = [p[index] for p in parts]
-        print(f"  {name:<24} ms p50 {percentile(values, 50):.1f}  p99 {percentile(values, 99):.1f}  "
+    print(f"  broken down over {len(parts)} switches:")
+    for step in SWITCH_STEPS:
+        values = [p[step] for p in parts]
+        print(f"  {step:<24} ms p50 {percentile(values, 50):.1f}  p99 {percentile(values, 99):.1f}  "
               f"max {max(values, default=float('nan')):.1f}")  # fmt: skip
     print(f"new instance ready s       p50 {percentile(ready, 50):.1f}  p99 {percentile(ready, 99):.1f}")
     print(f"drain (switch->idle 10s) s p50 {percentile(drain, 50):.1f}  p99 {percentile(drain, 99):.1f}")

@@ -29,7 +29,7 @@ import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
 from ironserve_service import artifacts, router, swap
-from ironserve_service.control import EnvoyAdmin, wait_for
+from ironserve_service.control import EnvoyAdmin, SwitchTiming, wait_for
 from ironserve_service.health import marker_pid, pid_alive
 from ironserve_service.settings import COLOURS, Colour, ServiceSettings, load_settings
 
@@ -414,3 +414,43 @@ class Load:
 
 def failures(outcomes: list[Outcome]) -> list[Outcome]:
     return [o for o in outcomes if not (o.ok and o.complete)]
+
+
+# The control loop's switch line (Controller.apply): the etcd revision it followed and its SwitchTiming.
+SWITCH_LINE = re.compile(
+    r"^route -> \S+ \(etcd revision (?P<revision>\d+)\) .*"
+    r"event_at=(?P<event>[\d.]+) checked_at=(?P<checked>[\d.]+) written_at=(?P<written>[\d.]+)$"
+)
+# One switch, in order: etcd write -> watch event parsed -> readiness check passed -> rds.json renamed ->
+# Envoy applied the route -> first answer from the new colour through Envoy.
+SWITCH_STEPS = ("etcd watch", "readiness check", "route file write", "Envoy apply", "first answer")
+
+
+def control_switches(log_text: str) -> dict[int, SwitchTiming]:
+    """The control loop's switches by the etcd revision each followed, from its log."""
+    switches = {}
+    for line in log_text.splitlines():
+        match = SWITCH_LINE.match(line)
+        if match:
+            times = (float(match[name]) for name in ("event", "checked", "written"))
+            switches[int(match["revision"])] = SwitchTiming(*times)
+    return switches
+
+
+def switch_breakdown(
+    etcd_written_at: float, control: SwitchTiming, envoy_applied_at: float, served_at: float
+) -> dict[str, float]:
+    """Milliseconds spent in each of SWITCH_STEPS; they add up to served_at - etcd_written_at. Envoy stamps
+    its apply in whole milliseconds, so its step and the next can be off by up to 1 ms either way."""
+    marks = (etcd_written_at, control.event_at, control.checked_at, control.written_at, envoy_applied_at, served_at)
+    return {
+        step: (later - earlier) * 1000 for step, earlier, later in zip(SWITCH_STEPS, marks, marks[1:], strict=False)
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank: over 10 values the p99 is the maximum."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]

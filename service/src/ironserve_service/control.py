@@ -21,6 +21,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ironserve_service import router
@@ -139,11 +140,16 @@ class EnvoyAdmin:
         return int(match.group(1)) if match else 0
 
     def route_version(self) -> str | None:
+        applied = self.route_applied()
+        return applied[0] if applied else None
+
+    def route_applied(self) -> tuple[str, float] | None:
+        """The served route's version_info and when Envoy applied it (its own clock, epoch seconds, 1 ms steps)."""
         dump = json.loads(self._get("/config_dump?resource=dynamic_route_configs"))
         for config in dump.get("configs", []):
             version = config.get("version_info")
             if version:
-                return str(version)
+                return str(version), datetime.fromisoformat(config["last_updated"]).timestamp()
         return None
 
     def ready(self) -> bool:
@@ -188,6 +194,19 @@ def desired(swap: SwapSettings, values: dict[str, str]) -> tuple[Colour | None, 
     return None, version
 
 
+@dataclass(frozen=True)
+class SwitchTiming:
+    """Wall-clock times (time.time()) of one switch inside the control loop, logged with the switch so that
+    a benchmark can line them up with the etcd write and Envoy's apply."""
+
+    event_at: float  # the watch event (or full read) asking for the switch was parsed
+    checked_at: float  # the readiness check passed
+    written_at: float  # rds.json was renamed into place
+
+    def log_text(self) -> str:
+        return f"event_at={self.event_at:.6f} checked_at={self.checked_at:.6f} written_at={self.written_at:.6f}"
+
+
 class Controller:
     """Watches etcd and moves the route after a fresh readiness check; keeps the last good route otherwise."""
 
@@ -208,7 +227,9 @@ class Controller:
         self.keys: list[tuple[str, str]] = []
         self.keys_shown: str | None = None
 
-    def apply(self, revision: int) -> None:
+    def apply(self, revision: int, received_at: float | None = None) -> None:
+        """Moves the route to what the etcd values ask for; received_at is when they arrived (for the timing)."""
+        event_at = time.time() if received_at is None else received_at
         colour, version = desired(self.swap, self.values)
         if version is None:
             return
@@ -222,10 +243,12 @@ class Controller:
         if not result.ok:
             self.log(f"refusing switch to {colour}/{version}: {result.reason}; keeping {self.colour}/{self.version}")
             return
+        checked_at = time.time()
         path = self.swap.router_dir / router.RDS_FILE
         router.write_atomic(path, router.routes(self.swap, colour, version, revision, self.settings.quality,
                                                 self.api_keys()))  # fmt: skip
-        self.log(f"route -> {colour}/{version} (etcd revision {revision})")
+        timing = SwitchTiming(event_at, checked_at, time.time())
+        self.log(f"route -> {colour}/{version} (etcd revision {revision}) {result.reason}; {timing.log_text()}")
         self.route_revision, self.colour, self.version = revision, colour, version
 
     def api_keys(self) -> list[tuple[str, str]]:
@@ -268,12 +291,13 @@ class Controller:
         self.values = dict(snapshot.values)
         self.apply(snapshot.revision)
         for revision, changes in self.etcd.watch(self.swap.key_prefix, snapshot.revision + 1, idle_s):
+            received_at = time.time()
             for key, value in changes.items():
                 if value is None:
                     self.values.pop(key, None)
                 else:
                     self.values[key] = value
-            self.apply(revision)
+            self.apply(revision, received_at)
             if self.stopped.is_set():
                 return
 
