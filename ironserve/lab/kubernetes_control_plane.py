@@ -1,6 +1,7 @@
 """The lab's Kubernetes 1.20.2 control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler.
 
-They run on this machine, bound to 127.0.0.1 on free ports, as children of one supervisor
+They run on this machine on free ports (etcd on 127.0.0.1, the API server where the host reaches it: see
+`api_address`), as children of one supervisor
 (`python -m ironserve.lab.kubernetes_control_plane serve`). It stops them when it is stopped, when the lab
 host's first process (a VM's qemu, a container host's supervisor) is gone, or when one of them dies; a
 SIGKILLed supervisor takes them along (PR_SET_PDEATHSIG). Its pid is in the host's `extra`, so
@@ -9,7 +10,9 @@ are the real kubeadm's.
 
 Two uses: a VM host gets a kubelet as well (kubernetes_node.py, the whole node); a container host is only
 the control plane's lifetime, for API-only tests (server-side apply, the controllers, RBAC, subresources)
-with no node at all. ControlPlane's methods call the API with the standard library only.
+with no node at all; `install_admin_client` makes that host a control plane's host as the deploy and the gate
+see one (the real kubectl, kubeadm's admin kubeconfig). ControlPlane's methods call the API with the standard
+library only.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ironserve.lab import servers, state
+from ironserve.kubectl import ADMIN_KUBECONFIG
+from ironserve.lab import network, remote, servers, state
 from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT, cache_dir, lab_dir
 
@@ -55,6 +59,7 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply; JSON is YAML, so the body is sent as JSON
 WAIT_TIMEOUT_S = 120.0  # the controllers' first objects on 2 cores, their informers still syncing
+KUBECTL_ON_HOST = "/usr/local/bin/kubectl"
 TOKEN_EXPIRATION_S = 3600  # TokenRequest's default; the API server refuses less than 600
 
 T = TypeVar("T")
@@ -80,12 +85,13 @@ class ControlPlane:
     """
 
     directory: Path
+    api_address: str  # where the API server listens on this machine (see api_address)
     api_port: int
     pid: int
 
     @property
     def api_url(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.api_address}:{self.api_port}"
 
     def request(
         self, method: str, path: str, body: dict[str, Any] | None = None, content_type: str = JSON
@@ -266,6 +272,13 @@ def _admin_tls(directory: Path) -> ssl.SSLContext:
     return context
 
 
+def api_address(host: LabHost) -> str:
+    """Where the API server listens: a VM's kubelet reaches this machine's loopback through qemu's user network
+    (10.0.2.2); a container host, in a network namespace of its own, reaches this machine only at the lab bridge's
+    address, which exists for as long as the container lab does (ironserve/lab/network.py)."""
+    return "127.0.0.1" if host.kind == "vm" else str(network.GATEWAY)
+
+
 def attach(host: LabHost) -> ControlPlane:
     """Start a control plane for `host` and record it in the host's `extra` for `lab down`.
 
@@ -280,19 +293,20 @@ def attach(host: LabHost) -> ControlPlane:
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     api_port, etcd_client_port, etcd_peer_port = _three_free_ports()
-    _write_pki(directory, binaries / "kubeadm", host.name, api_port)
+    address = api_address(host)
+    _write_pki(directory, binaries / "kubeadm", host.name, address, api_port)
     argv = [sys.executable, "-m", MODULE, "serve", "--directory", str(directory), "--binaries", str(binaries)]
-    argv += ["--api-port", str(api_port), "--etcd-ports", str(etcd_client_port), str(etcd_peer_port)]
+    argv += ["--api-address", address, "--api-port", str(api_port)]
+    argv += ["--etcd-ports", str(etcd_client_port), str(etcd_peer_port)]
     argv += ["--watch-pid", str(host.pids[0])]
     log = directory / "supervisor.log"
     with open(log, "wb") as out:
         supervisor = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-    plane = ControlPlane(directory, api_port, supervisor.pid)
+    plane = ControlPlane(directory, address, api_port, supervisor.pid)
     recorded = {"kubernetes_pid": str(supervisor.pid), "kubernetes_dir": str(directory)}
-    # A VM reaches it through qemu's user network; a container host, in a network namespace of its own,
-    # cannot reach this machine's loopback, so what is recorded is where this machine reaches it.
-    address = HOST_LOOPBACK_FROM_VM if host.kind == "vm" else "127.0.0.1"
-    recorded["kubernetes_api"] = f"https://{address}:{api_port}"
+    # Where the host reaches it: a VM through qemu's user network, a container host at the bridge's address.
+    reached_at = HOST_LOOPBACK_FROM_VM if host.kind == "vm" else address
+    recorded["kubernetes_api"] = f"https://{reached_at}:{api_port}"
     _record(host, recorded)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not plane.ready():
@@ -301,6 +315,31 @@ def attach(host: LabHost) -> ControlPlane:
             raise RuntimeError(f"the lab control plane did not become ready; see {directory}/*.log")
         time.sleep(1)
     return plane
+
+
+def install_admin_client(host: LabHost, plane: ControlPlane) -> None:
+    """The real kubectl 1.20.2 in /usr/local/bin and the admin kubeconfig at /etc/kubernetes/admin.conf (0600) on
+    a container host, as a kubeadm control plane has them: the deploy's kubectl steps and the gate's cluster
+    checks then run on the host against the real API server. /usr/local/bin comes before /usr/bin in PATH, so
+    it shadows the stand-in kubectl of the lab's Kubernetes packages (which answers only `version --client`)."""
+    if host.kind == "vm":
+        raise ValueError(f"{host.name}: a VM's control plane is on this machine's loopback, not for its own clients")
+    files = [
+        (build_dir() / "bin" / "kubectl", KUBECTL_ON_HOST, "0755"),
+        (plane.directory / "admin.conf", ADMIN_KUBECONFIG, "0600"),
+    ]
+    for source, target, mode in files:
+        with source.open("rb") as content:
+            command = f"install -D -m {mode} /dev/stdin {target}"
+            subprocess.run([*remote.ssh_argv(host), command], stdin=content, check=True, capture_output=True)
+
+
+def kubeadm_coredns(plane: ControlPlane) -> None:
+    """CoreDNS as `kubeadm init` leaves it in a new cluster: the real kubeadm's addon phase against this API server
+    (Deployment, Service, ConfigMap and RBAC in kube-system; its pods stay Pending where no node has joined)."""
+    kubeconfig = ["--kubeconfig", str(plane.directory / "admin.conf")]
+    cluster = ["--kubernetes-version", f"v{VERSION}", "--service-cidr", SERVICE_CIDR]
+    _kubeadm(build_dir() / "bin" / "kubeadm", ["addon", "coredns", *kubeconfig, *cluster])
 
 
 def detach(host: LabHost) -> None:
@@ -332,15 +371,17 @@ def _three_free_ports() -> tuple[int, int, int]:
     return first, second, third
 
 
-def _write_pki(directory: Path, kubeadm: Path, node_name: str, api_port: int) -> None:
+def _write_pki(directory: Path, kubeadm: Path, node_name: str, address: str, api_port: int) -> None:
     """The real kubeadm's certificates and kubeconfigs, written under `directory` only (no /etc).
 
-    The API server's certificate names 127.0.0.1 (the control plane's own clients) and 10.0.2.2 (the
-    kubelet in the VM); the kubelet's kubeconfig holds the node's client certificate (system:node:<name>).
+    The API server's certificate names 127.0.0.1 and the lab bridge's address (where this machine's clients and
+    a container host's reach it) and 10.0.2.2 (the kubelet in the VM); the admin's kubeconfig names `address`; the
+    kubelet's holds the node's client certificate (system:node:<name>).
     """
     pki = ["--cert-dir", str(directory / "pki")]
     version = ["--kubernetes-version", f"v{VERSION}"]
-    sans = ["--apiserver-advertise-address", HOST_LOOPBACK_FROM_VM, "--apiserver-cert-extra-sans", "127.0.0.1"]
+    extra_sans = f"127.0.0.1,{network.GATEWAY}"
+    sans = ["--apiserver-advertise-address", HOST_LOOPBACK_FROM_VM, "--apiserver-cert-extra-sans", extra_sans]
     # Each phase takes its own flags (kubeadm refuses the others).
     _kubeadm(kubeadm, ["certs", "ca", *pki, *version])
     _kubeadm(kubeadm, ["certs", "apiserver", *pki, *version, *sans, "--service-cidr", SERVICE_CIDR])
@@ -358,7 +399,7 @@ def _write_pki(directory: Path, kubeadm: Path, node_name: str, api_port: int) ->
         *version,
     ]
     for phase in ("admin", "controller-manager", "scheduler"):
-        _kubeadm(kubeadm, ["kubeconfig", phase, *to_dir, "--control-plane-endpoint", f"127.0.0.1:{api_port}"])
+        _kubeadm(kubeadm, ["kubeconfig", phase, *to_dir, "--control-plane-endpoint", f"{address}:{api_port}"])
     node = ["--control-plane-endpoint", f"{HOST_LOOPBACK_FROM_VM}:{api_port}", "--node-name", node_name]
     _kubeadm(kubeadm, ["kubeconfig", "kubelet", *to_dir, *node])
     # The admin's client certificate as files, for this module's own API calls (urllib, no kubectl needed).
@@ -375,7 +416,7 @@ def _kubeadm(kubeadm: Path, phase_args: list[str]) -> None:
 
 
 def _component_argv(
-    directory: Path, binaries: Path, api_port: int, etcd_ports: tuple[int, int]
+    directory: Path, binaries: Path, api_address: str, api_port: int, etcd_ports: tuple[int, int]
 ) -> dict[str, list[str]]:
     """Each control plane process's command line, in start order."""
     pki = directory / "pki"
@@ -385,7 +426,7 @@ def _component_argv(
         """What the controller manager and the scheduler share: the API server, their kubeconfig, no ports."""
         conf = str(directory / kubeconfig)
         return [
-            str(binaries / binary), "--kubeconfig", conf, "--master", f"https://127.0.0.1:{api_port}",
+            str(binaries / binary), "--kubeconfig", conf, "--master", f"https://{api_address}:{api_port}",
             "--authentication-kubeconfig", conf, "--authorization-kubeconfig", conf,
             "--bind-address", "127.0.0.1", "--port", "0", "--secure-port", "0", "--leader-elect=false",
         ]  # fmt: skip
@@ -398,7 +439,7 @@ def _component_argv(
         ],
         "kube-apiserver": [
             str(binaries / "kube-apiserver"), "--etcd-servers", client,
-            "--bind-address", "127.0.0.1", "--secure-port", str(api_port), "--insecure-port", "0",
+            "--bind-address", api_address, "--secure-port", str(api_port), "--insecure-port", "0",
             # Published in the `kubernetes` Service's endpoints, which nothing in the lab uses.
             "--advertise-address", HOST_LOOPBACK_FROM_VM, "--endpoint-reconciler-type", "none",
             "--client-ca-file", str(pki / "ca.crt"),
@@ -427,7 +468,14 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def serve(directory: Path, binaries: Path, api_port: int, etcd_ports: tuple[int, int], watch_pid: int | None) -> None:
+def serve(
+    directory: Path,
+    binaries: Path,
+    api_address: str,
+    api_port: int,
+    etcd_ports: tuple[int, int],
+    watch_pid: int | None,
+) -> None:
     """In the supervisor: run the control plane until SIGTERM, until `watch_pid` is gone or one part exits."""
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
 
@@ -445,7 +493,7 @@ def serve(directory: Path, binaries: Path, api_port: int, etcd_ports: tuple[int,
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop_all)
-    for name, argv in _component_argv(directory, binaries, api_port, etcd_ports).items():
+    for name, argv in _component_argv(directory, binaries, api_address, api_port, etcd_ports).items():
         with open(directory / f"{name}.log", "wb") as log:
             child = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent
@@ -453,6 +501,10 @@ def serve(directory: Path, binaries: Path, api_port: int, etcd_ports: tuple[int,
         children.append((name, child))
         if name == "etcd":
             _wait_for_port(etcd_ports[0], child, name)
+        if name == "kube-apiserver":
+            # The controller manager gives the API server 10 s to turn healthy and then exits; on a loaded
+            # machine it needs longer, so the clients start once it is ready.
+            _wait_for_api_server(ControlPlane(directory, api_address, api_port, os.getpid()), child)
     servers.exit_with(watch_pid, stop_all)
     while True:
         for name, child in children:
@@ -474,17 +526,26 @@ def _wait_for_port(port: int, child: subprocess.Popen[bytes], name: str) -> None
             time.sleep(0.2)
 
 
+def _wait_for_api_server(plane: ControlPlane, child: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not plane.ready():
+        if child.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("kube-apiserver did not become ready")
+        time.sleep(0.5)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=MODULE)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_command = commands.add_parser("serve", help="run the control plane (started by attach)")
     serve_command.add_argument("--directory", type=Path, required=True)
     serve_command.add_argument("--binaries", type=Path, required=True)
+    serve_command.add_argument("--api-address", required=True)
     serve_command.add_argument("--api-port", type=int, required=True)
     serve_command.add_argument("--etcd-ports", type=int, nargs=2, required=True, metavar=("CLIENT", "PEER"))
     serve_command.add_argument("--watch-pid", type=int, help="exit when this process (the lab host's) is gone")
     args = parser.parse_args(argv)
-    serve(args.directory, args.binaries, args.api_port, tuple(args.etcd_ports), args.watch_pid)
+    serve(args.directory, args.binaries, args.api_address, args.api_port, tuple(args.etcd_ports), args.watch_pid)
 
 
 if __name__ == "__main__":

@@ -328,7 +328,7 @@ MANIFESTS = "/etc/kubernetes/manifests"
 KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 KUBELET_FLAGS = "/var/lib/kubelet/kubeadm-flags.env"
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
-ADMIN_CONF = "/etc/kubernetes/admin.conf"
+ADMIN_KUBECONFIG = "/etc/kubernetes/admin.conf"
 STATE_DIR = "/etc/kubernetes/.ironserve-lab"  # what a real cluster's API server would keep: the bootstrap tokens
 TOKENS = f"{STATE_DIR}/bootstrap-tokens.json"
 JOIN_LOG = "/var/lib/ironserve-lab/kubeadm-join.log"
@@ -665,7 +665,7 @@ def kubeadm_init(args: list[str]) -> int:
     first = tokens[0]
     if not skip_token_print:
         print(f"[bootstrap-token] Using token: {first}")
-    print(INIT_BOOTSTRAP_TOKEN_LINES + INIT_DONE.format(kubeconfig=ADMIN_CONF))
+    print(INIT_BOOTSTRAP_TOKEN_LINES + INIT_DONE.format(kubeconfig=ADMIN_KUBECONFIG))
     shown_token = "<value withheld>" if skip_token_print else first
     pin = ca_cert_hash(pki / "ca.crt")
     join = f"kubeadm join {endpoint} --token {shown_token} \\\n\t--discovery-token-ca-cert-hash {pin} "
@@ -736,8 +736,8 @@ def kubeadm_token(args: list[str]) -> int:
     if args:
         return not_simulated("kubeadm", ["token", *given])
     duration_seconds(ttl)
-    if not path(ADMIN_CONF).exists():
-        raise Refused(f"failed to load admin kubeconfig: open {ADMIN_CONF}: no such file or directory")
+    if not path(ADMIN_KUBECONFIG).exists():
+        raise Refused(f"failed to load admin kubeconfig: open {ADMIN_KUBECONFIG}: no such file or directory")
     token = new_token()
     record_token(token, ttl, DEFAULT_USAGES, DEFAULT_GROUPS, description)
     print(token)

@@ -86,6 +86,9 @@ class AddonsConfig(Protocol):
     @property
     def security(self) -> SecuritySettings: ...
 
+    @property
+    def clear_immutable(self) -> bool: ...
+
 
 def service_port(config: AddonsConfig) -> int:
     """The port of Service ai-service, which the HTTPRoute sends to: the service settings' listen port, read
@@ -395,14 +398,15 @@ def device_plugin_manifests(config: AddonsConfig) -> list[Manifest]:
 # --- all of it, and its problems ---------------------------------------------------------------------------------
 
 
+def built_in_manifests(config: AddonsConfig) -> list[Manifest]:
+    """The objects of kinds every API server serves (CoreDNS's ConfigMap, the RuntimeClass, the device plugin's
+    DaemonSet): the ones the deploy applies; the custom resources wait for their charts' CRDs."""
+    return [coredns_configmap(config), *device_plugin_manifests(config)]
+
+
 def manifests_of(config: AddonsConfig, service_port: int) -> list[Manifest]:
     """Every object but the token's Secret, in apply order (CoreDNS, device plugin, certificates, gateway)."""
-    return [
-        coredns_configmap(config),
-        *device_plugin_manifests(config),
-        *certificate_manifests(config),
-        *gateway_manifests(config, service_port),
-    ]
+    return [*built_in_manifests(config), *certificate_manifests(config), *gateway_manifests(config, service_port)]
 
 
 def problems(

@@ -22,6 +22,7 @@ from pyinfra.operations import files, systemd
 
 from ironserve import manifests
 from ironserve.apt import installed
+from ironserve.kubectl import ADMIN_KUBECONFIG, objects_applied
 from ironserve.operations import daemon_reloaded, restarted_when_stale
 from ironserve.owned import owned_directory, owned_file, render_template, unmasked
 from ironserve.run import HostRun
@@ -32,7 +33,6 @@ from roles.inference.operations import (
     locked_environment,
     model_store_ready,
     model_version_dir,
-    objects_applied,
     runtime_dirs,
     service_package,
     serving,
@@ -49,7 +49,6 @@ WHEEL_DIR = "/opt/ironserve/wheels"
 TMPFILES = "/etc/tmpfiles.d/ironserve.conf"
 KUBERNETES_DIR = Path("/etc/ironserve/kubernetes")
 KUBERNETES_OBJECTS = KUBERNETES_DIR / "ai-service.yaml"
-ADMIN_KUBECONFIG = "/etc/kubernetes/admin.conf"  # kubeadm's, on every control plane
 PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
 PROMETHEUS_RULES = "/etc/prometheus/ironserve-rules.yml"
 COMPONENTS = {  # unit -> (ironserve-service command, what it is, units it starts after)

@@ -27,34 +27,6 @@ class VenvPackages(FactBase[dict[str, str] | None]):
         return {canonical(item["name"]): item["version"] for item in json.loads(text)}
 
 
-@dataclass(frozen=True)
-class ObjectsDiff:
-    """`kubectl diff --server-side` of a file against the cluster: 0 no difference, 1 a difference, >1 an error."""
-
-    status: int
-    stderr: str  # its last lines: what an error said
-
-
-class KubectlDiff(FactBase[ObjectsDiff | None]):
-    """The server-side diff of `objects` (YAML, the content the deploy writes: the file may be older until the
-    deploy runs) as the field manager `ironserve`; None before the cluster has an admin kubeconfig. The diff
-    itself goes nowhere: it may be long, and it is not what decides."""
-
-    def command(self, objects: str, kubeconfig: str) -> str:
-        conf = shlex.quote(kubeconfig)
-        diff = f"kubectl --kubeconfig {conf} diff --server-side --field-manager=ironserve --force-conflicts -f -"
-        return (
-            f"if [ -f {conf} ]; then err=$(printf '%s' {shlex.quote(objects)} | {diff} 2>&1 >/dev/null); "
-            'echo "status=$?"; printf \'%s\\n\' "$err" | tail -n 5; fi'
-        )
-
-    def process(self, output: Iterable[str]) -> ObjectsDiff | None:
-        lines = list(output)
-        if not lines or not lines[0].startswith("status="):
-            return None
-        return ObjectsDiff(int(lines[0].removeprefix("status=")), "\n".join(line for line in lines[1:] if line.strip()))
-
-
 class ServingStatus(FactBase[dict[str, Any] | None]):
     """`ironserve-service status`: the active version, its colour and whether it is ready; None before install."""
 

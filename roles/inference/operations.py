@@ -20,7 +20,7 @@ from ironserve.operations import Commands, failing
 from ironserve.owned import OwnedPath
 from ironserve.reads import Read, read, reading_operation
 from ironserve.validators import SYSTEM_DIRS, check_model_version, check_path
-from roles.inference.facts import KubectlDiff, ModelStore, ServingStatus, StoreFilesystem, VenvPackages
+from roles.inference.facts import ModelStore, ServingStatus, StoreFilesystem, VenvPackages
 from roles.inference.render import environment_drift
 from roles.inference.settings import MODELS_ROOTS
 
@@ -193,22 +193,3 @@ def api_keys_present(venv: str, config: str, path: str, group: str) -> Commands:
         yield StringCommand("chmod", "0640", QuoteString(path))
         return
     host.noop(f"{path}: root:{group} 0640")
-
-
-def _diff_reads(objects: str, kubeconfig: str, **_: object) -> list[Read]:
-    return [Read(KubectlDiff, {"objects": objects, "kubeconfig": kubeconfig})]
-
-
-@reading_operation(reads=_diff_reads)
-def objects_applied(path: str, objects: str, kubeconfig: str) -> Commands:
-    """`kubectl apply --server-side` of the file at `path` (which the deploy writes with `objects`) when the cluster
-    differs from `objects`, or cannot say (before kubeadm init in this run, a namespace the objects create): the
-    apply then reports what a diff could not."""
-    diff = read(KubectlDiff, objects=objects, kubeconfig=kubeconfig)
-    if diff is not None and diff.status == 0:
-        host.noop(f"the cluster has {path} as applied")
-        return
-    yield StringCommand(
-        "kubectl", "--kubeconfig", QuoteString(kubeconfig), "apply", "--server-side", "--field-manager=ironserve",
-        "--force-conflicts", "-f", QuoteString(path),
-    )  # fmt: skip

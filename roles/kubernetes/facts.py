@@ -7,7 +7,8 @@ from typing import TypedDict
 
 from pyinfra.api.facts import FactBase
 
-ADMIN_CONF = "/etc/kubernetes/admin.conf"
+from ironserve.kubectl import ADMIN_KUBECONFIG
+
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
 APISERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
 
@@ -27,7 +28,7 @@ class KubeadmNode(FactBase[NodeState]):
 
     def command(self) -> str:
         return (
-            f"for f in {ADMIN_CONF} {KUBELET_CONF}; do if [ -s $f ]; then echo file $f; fi; done; "
+            f"for f in {ADMIN_KUBECONFIG} {KUBELET_CONF}; do if [ -s $f ]; then echo file $f; fi; done; "
             f"sed -n 's/^ *image: *[^ ]*kube-apiserver:\\(v[^ ]*\\) *$/apiserver \\1/p' {APISERVER_MANIFEST} "
             "2>/dev/null | head -n 1; true"
         )
@@ -37,7 +38,7 @@ class KubeadmNode(FactBase[NodeState]):
         for line in output:
             kind, _, value = line.strip().partition(" ")
             if kind == "file":
-                node["admin_conf"] |= value == ADMIN_CONF
+                node["admin_conf"] |= value == ADMIN_KUBECONFIG
                 node["kubelet_conf"] |= value == KUBELET_CONF
             elif kind == "apiserver":
                 node["apiserver_version"] = value.removeprefix("v")

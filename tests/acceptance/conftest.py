@@ -6,12 +6,14 @@ Run through `ironserve verify INVENTORY`, which passes --hosts, --ssh-config and
 from __future__ import annotations
 
 import json
+import shlex
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ironserve.kubectl import ADMIN_KUBECONFIG
 from roles import StackConfig
 
 # Worst first: one failing test makes the invariant fail on that host.
@@ -49,6 +51,19 @@ def config(host: Any, stack_configs: dict[str, StackConfig]) -> StackConfig:
 def container_kind(host: Any) -> str | None:
     kind = host.run("systemd-detect-virt --container").stdout.strip()
     return None if kind in {"", "none"} else kind
+
+
+@pytest.fixture
+def kubectl(host: Any) -> Any:
+    """`kubectl(*args)`: the output of `kubectl ARGS` run on the host as the cluster's admin (kubeadm's admin
+    kubeconfig, on a control plane), JSON parsed when ARGS ask for `-o json`; a failure fails the test."""
+
+    def run(*args: str) -> Any:
+        argv = ("kubectl", "--kubeconfig", ADMIN_KUBECONFIG, "--request-timeout=20s", *args)
+        output = host.check_output(" ".join(shlex.quote(a) for a in argv))
+        return json.loads(output) if args[-2:] == ("-o", "json") else output
+
+    return run
 
 
 @pytest.fixture

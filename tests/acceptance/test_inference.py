@@ -4,7 +4,8 @@ Everything is observed on the host through its own interfaces: etcd's JSON gatew
 (loopback) and listener, the engines' HTTP API, systemd, /proc and the venv's pip. On a lab host the
 engine is vLLM's CPU build serving a tiny model; the GPU-only checks of torch are in test_nvidia.py.
 A host in `inference_mode: kubernetes` runs only the tests named test_kubernetes_mode_* (its engines are
-pods; the others only the systemd mode's).
+pods; the others only the systemd mode's); of those, test_kubernetes_mode_cluster_* read the cluster on a control
+plane with kubeadm's admin kubeconfig (workers skip them).
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import shlex
 from typing import Any
 
 import pytest
+from ironserve_service.kube_objects import CONTAINER, SCALER_ACCOUNT, deployment_name
+from ironserve_service.settings import COLOURS
 
 from ironserve import manifests
+from ironserve.kubectl import ADMIN_KUBECONFIG, KubectlDiff
 from roles import StackConfig
 from roles.inference import KUBERNETES_OBJECTS
 from roles.inference.facts import ModelStore
@@ -376,3 +380,94 @@ def test_kubernetes_mode_the_version_the_pods_mount_is_on_the_node(
     version_dir = host.file(f"{_service(config).swap.models_root}/{config.inference.version()}")
     observe(f"{version_dir.user}:{version_dir.group} {version_dir.mode:o}")
     assert version_dir.is_directory and (version_dir.user, version_dir.group) == ("root", config.security.group)
+
+
+# --- kubernetes mode, read from the cluster on a control plane (kubeadm's admin kubeconfig) -----------------------
+
+
+@pytest.fixture
+def control_plane(config: StackConfig) -> None:
+    if config.kubernetes.role != "control-plane":
+        pytest.skip("the service's objects are read from a control plane; this host is a worker")
+
+
+def _colours_in_cluster(kubectl: Any, config: StackConfig) -> dict[str, dict[str, Any]]:
+    """The colours' Deployments that a swap has applied, by colour; skips before the first swap."""
+    namespace = _service(config).kubernetes.namespace
+    deployments = kubectl("-n", namespace, "get", "deployments", "-o", "json")["items"]
+    by_name = {d["metadata"]["name"]: d for d in deployments}
+    found = {colour: by_name[deployment_name(colour)] for colour in COLOURS if deployment_name(colour) in by_name}
+    if not found:
+        pytest.skip("no swap has applied a colour's Deployment yet (ironserve-service kube-swap)")
+    return found
+
+
+@pytest.mark.invariant("k8s-ai-service-objects")
+def test_kubernetes_mode_cluster_has_the_services_objects_as_rendered(
+    host: Any, config: StackConfig, control_plane: None, observe: Any
+) -> None:
+    fact = KubectlDiff()
+    result = host.run(fact.command(objects=manifests.dump_all(deploy_objects(config)), kubeconfig=ADMIN_KUBECONFIG))
+    diff = fact.process(result.stdout.splitlines())
+    observe(diff)
+    assert diff is not None and (diff.status, diff.stderr) == (0, "")
+
+
+@pytest.mark.invariant("scale-patch-deployment")
+@pytest.mark.parametrize(("verb", "subresource", "allowed"), [("patch", "scale", "yes"), ("patch", "", "no")])
+def test_kubernetes_mode_cluster_lets_the_scaler_change_only_the_scale(
+    host: Any, config: StackConfig, control_plane: None, verb: str, subresource: str, allowed: str, observe: Any
+) -> None:
+    namespace = _service(config).kubernetes.namespace
+    account = f"system:serviceaccount:{namespace}:{SCALER_ACCOUNT}"
+    answers = {}
+    for colour in COLOURS:
+        argv = [
+            "kubectl",
+            "--kubeconfig",
+            ADMIN_KUBECONFIG,
+            "auth",
+            "can-i",
+            verb,
+            f"deployments.apps/{deployment_name(colour)}",
+        ]
+        argv += ["-n", namespace, f"--as={account}", *([f"--subresource={subresource}"] if subresource else [])]
+        answers[colour] = host.run(" ".join(shlex.quote(a) for a in argv)).stdout.strip()
+    observe(answers)
+    assert set(answers.values()) == {allowed}
+
+
+@pytest.mark.invariant("k8s-no-hpa")
+def test_kubernetes_mode_cluster_has_no_hpa_beside_the_scaler(
+    kubectl: Any, config: StackConfig, control_plane: None, observe: Any
+) -> None:
+    namespace = _service(config).kubernetes.namespace
+    autoscalers = kubectl("-n", namespace, "get", "horizontalpodautoscalers", "-o", "json")["items"]
+    observe([a["metadata"]["name"] for a in autoscalers])
+    assert autoscalers == []
+
+
+@pytest.mark.invariant("k8s-pod-memory-limit")
+def test_kubernetes_mode_cluster_colours_are_guaranteed_their_memory(
+    kubectl: Any, config: StackConfig, control_plane: None, observe: Any
+) -> None:
+    pods = _service(config).kubernetes
+    resources = {}
+    for colour, deployment in _colours_in_cluster(kubectl, config).items():
+        [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == CONTAINER]
+        resources[colour] = container["resources"]
+    observe(resources)
+    for found in resources.values():
+        assert found["limits"]["memory"] == pods.memory
+        assert found["requests"] == found["limits"]
+
+
+@pytest.mark.invariant("dns-policy-hostnet")
+def test_kubernetes_mode_cluster_colours_resolve_through_the_clusters_dns(
+    kubectl: Any, config: StackConfig, control_plane: None, observe: Any
+) -> None:
+    # The catalog's correction: the pod network and ClusterFirst, not hostNetwork with ClusterFirstWithHostNet.
+    specs = {colour: d["spec"]["template"]["spec"] for colour, d in _colours_in_cluster(kubectl, config).items()}
+    found = {colour: (spec.get("dnsPolicy"), spec.get("hostNetwork", False)) for colour, spec in specs.items()}
+    observe(found)
+    assert set(found.values()) == {("ClusterFirst", False)}

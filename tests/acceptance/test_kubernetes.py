@@ -5,6 +5,7 @@ answers."""
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 import pytest
@@ -12,10 +13,11 @@ import yaml
 from pydantic import ValidationError
 
 from ironserve.apt import preferences
+from ironserve.kubectl import ADMIN_KUBECONFIG
 from roles import StackConfig
 from roles.kubernetes import OWNER, PIN_PRIORITY, PREFERENCES, SOURCES_LIST, sources_line
 from roles.kubernetes.checks import cgroup_driver_problem
-from roles.kubernetes.facts import ADMIN_CONF, KUBELET_CONF
+from roles.kubernetes.facts import KUBELET_CONF
 from roles.kubernetes.models import ClusterConfiguration, InitConfiguration, KubeletConfiguration
 from roles.kubernetes.operations import JOIN_DIR
 from roles.kubernetes.render import KUBEADM_CONFIG, KUBELET_CONFIG
@@ -120,19 +122,38 @@ def test_the_node_is_in_a_cluster_and_no_join_token_is_left(host: Any, config: S
     observe({"kubelet.conf": joined, "join folder left": leftover})
     assert joined and not leftover
     if config.kubernetes.role == "control-plane":  # init and a control plane's join both write it
-        assert host.file(ADMIN_CONF).exists
+        assert host.file(ADMIN_KUBECONFIG).exists
 
 
-@pytest.mark.invariant("k8s-not-k3s")
-def test_the_node_is_ready_where_an_api_server_answers(host: Any, config: StackConfig, observe: Any) -> None:
-    kubeconfig = ADMIN_CONF if host.file(ADMIN_CONF).exists else KUBELET_CONF
+def this_node(host: Any, config: StackConfig) -> dict[str, Any] | None:
+    """This host's Node object, read with its own credentials (the admin's on a control plane, else the kubelet's:
+    NodeRestriction lets a node read itself); None when it is not registered; skips where no API server answers."""
+    kubeconfig = ADMIN_KUBECONFIG if host.file(ADMIN_KUBECONFIG).exists else KUBELET_CONF
     ready = host.run(f"kubectl --kubeconfig {kubeconfig} --request-timeout=10s get --raw=/readyz")
     if not ready.succeeded:
         pytest.skip(f"no API server answers through {kubeconfig}: {(ready.stderr or ready.stdout).strip()[:200]}")
     name = config.kubernetes.node_name or host.run("hostname").stdout.strip()
-    node = host.run(f"kubectl --kubeconfig {kubeconfig} get node {name} -o json")
-    conditions = (
-        {c["type"]: c["status"] for c in json.loads(node.stdout)["status"]["conditions"]} if node.succeeded else {}
-    )
+    node = host.run(f"kubectl --kubeconfig {kubeconfig} get node {shlex.quote(name)} -o json")
+    return json.loads(node.stdout) if node.succeeded else None
+
+
+@pytest.mark.invariant("k8s-not-k3s")
+def test_the_node_is_ready_where_an_api_server_answers(host: Any, config: StackConfig, observe: Any) -> None:
+    node = this_node(host, config)
+    conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]} if node else {}
     observe(conditions)
     assert conditions.get("Ready") == "True"
+
+
+@pytest.mark.invariant("k8s-nvidia-device-plugin")
+def test_the_node_offers_its_gpus_to_pods_where_an_api_server_answers(
+    host: Any, config: StackConfig, observe: Any
+) -> None:
+    # The device plugin registers nvidia.com/gpu with the kubelet; every GPU the profile installs is allocatable.
+    hardware = config.profile.hardware
+    if hardware is None or hardware.gpus_installed == 0:
+        pytest.skip(f"profile {config.profile.name} states no GPUs for this host")
+    node = this_node(host, config)
+    allocatable = node["status"].get("allocatable", {}).get("nvidia.com/gpu") if node else None
+    observe(allocatable)
+    assert allocatable == str(hardware.gpus_installed)

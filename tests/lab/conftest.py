@@ -1,4 +1,4 @@
-"""Lab fixtures: `container_hosts` and `kubernetes_api` (here), `vm_host` (conftest_vm.py).
+"""Lab fixtures: `container_hosts`, `kubernetes_api_host` and `kubernetes_api` (here), `vm_host` (conftest_vm.py).
 
 Both register their hosts in the lab state like `ironserve lab up`, so `ironserve lab down`
 removes them if a run is killed; each stops only the hosts it started.
@@ -13,6 +13,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from ironserve.lab.state import LabHost
 from tests.lab.conftest_vm import vm_host
 from tests.lab.machine_snapshot import differences, snapshot
 
-__all__ = ["container_hosts", "inventory_with", "kubernetes_api", "vm_host"]
+__all__ = ["ClusterHost", "container_hosts", "inventory_with", "kubernetes_api", "kubernetes_api_host", "vm_host"]
 
 CONTAINER_HOSTS = 2
 CONTAINER_TOOLS = ["debootstrap", "unshare", "nsenter", "ip", "nft", "ssh", "ssh-keygen"]
@@ -108,13 +109,22 @@ def container_hosts() -> Iterator[list[LabHost]]:
         yield hosts
 
 
+@dataclass(frozen=True)
+class ClusterHost:
+    """A container lab host and the control plane whose lifetime it is."""
+
+    host: LabHost
+    plane: ControlPlane
+
+
 @pytest.fixture(scope="module")
-def kubernetes_api() -> Iterator[ControlPlane]:
+def kubernetes_api_host() -> Iterator[ClusterHost]:
     """A real Kubernetes 1.20.2 API server, controller manager and scheduler with no node, for one module.
 
     Its lifetime is a container lab host of the module's own (the control plane stops with it; `lab down`
-    stops both); the API is on this machine's 127.0.0.1 (ControlPlane.api_url), called as the admin or as a
-    ServiceAccount's token. Objects persist across the module's tests. See docs/lab-kubernetes-node.md.
+    stops both); the API is on the lab bridge's address (ControlPlane.api_url), which this machine and the host
+    reach, called as the admin or as a ServiceAccount's token. Objects persist across the module's tests. See
+    docs/lab-kubernetes-node.md.
     """
     skip_without_container_lab()
     kubernetes_control_plane.ensure_built()  # once per machine (about 10 minutes); nothing when cached
@@ -124,6 +134,12 @@ def kubernetes_api() -> Iterator[ControlPlane]:
         elapsed = time.monotonic() - started
         print(f"kubernetes_api: control plane on {hosts[0].name} ready after {elapsed:.1f} s", file=sys.stderr)
         try:
-            yield plane
+            yield ClusterHost(hosts[0], plane)
         finally:
             kubernetes_control_plane.detach(hosts[0])  # lab_containers' `lab down` would too
+
+
+@pytest.fixture(scope="module")
+def kubernetes_api(kubernetes_api_host: ClusterHost) -> ControlPlane:
+    """kubernetes_api_host's control plane, for tests that call the API only."""
+    return kubernetes_api_host.plane

@@ -1,29 +1,44 @@
-"""roles/cluster_addons' objects against the lab's real Kubernetes 1.20.2 API server (no node, the
-`kubernetes_api` fixture): the built-in kinds it renders (CoreDNS's ConfigMap, the RuntimeClass, the device
-plugin's DaemonSet, the token's Secret) are stored and re-applied without a write; the custom resources
-(cert-manager, Gateway API, Envoy Gateway) have no kind on a server without their CRDs, which is why they are
-validated against their projects' schemas (tests/unit/test_cluster_addons.py) and applied after their charts.
+"""roles/cluster_addons against the lab's real Kubernetes 1.20.2 API server (no node, the `kubernetes_api_host`
+fixture), from its container host made a control plane's host (the real kubectl and kubeadm's admin kubeconfig,
+`install_admin_client`; CoreDNS as the real kubeadm's addon phase installs it):
+
+- the real `ironserve deploy --roles cluster_addons` applies the built-in kinds it renders (CoreDNS's ConfigMap,
+  the RuntimeClass, the device plugin's DaemonSet) with kubectl on the host, and a second run changes nothing;
+- the real `ironserve verify` passes the role's cluster checks there (tests/acceptance/test_cluster_addons.py),
+  fails them on a Corefile changed by hand, and passes again after the next deploy put it back;
+- the token's Secret (applied by the test: the deploy does not apply it yet) is stored as `data`, so a second
+  apply writes nothing; the custom resources (cert-manager, Gateway API, Envoy Gateway) have no kind on a server
+  without their CRDs, which is why they are validated against their projects' schemas
+  (tests/unit/test_cluster_addons_render.py) and wait for their charts.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 import urllib.error
-from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from ironserve.config import build_config
-from ironserve.lab.kubernetes_control_plane import ControlPlane
+from ironserve.lab import kubernetes_control_plane
+from ironserve.lab.deploying import DeployResult, deploy, verify
+from ironserve.lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane
+from ironserve.lab.state import LabHost
 from roles import REGISTRY, StackConfig
 from roles.cluster_addons import render
-from tests.unit.test_cluster_addons import SITE, TOKEN
+from tests.lab.conftest import ClusterHost, inventory_with
+from tests.unit.test_cluster_addons_render import SITE, TOKEN
 
 pytestmark = pytest.mark.lab
 CONFIG: StackConfig = build_config("r740-01", SITE, REGISTRY)
 PORT = render.service_port(CONFIG)
 BUILT_IN = {"v1", "apps/v1", "node.k8s.io/v1"}
+ROLES = ("cluster_addons",)
+COREDNS_PATH = "/api/v1/namespaces/kube-system/configmaps/coredns"
 
 
 def built_in() -> list[dict[str, Any]]:
@@ -31,16 +46,93 @@ def built_in() -> list[dict[str, Any]]:
     return [o for o in objects if o["apiVersion"] in BUILT_IN]
 
 
+@dataclass(frozen=True)
+class Site:
+    host: LabHost
+    plane: ControlPlane
+    inventory: str
+    first: DeployResult
+
+
 @pytest.fixture(scope="module")
-def applied(kubernetes_api: ControlPlane) -> Iterator[ControlPlane]:
-    # The charts create their namespaces (helm --create-namespace); here the test does.
+def site(kubernetes_api_host: ClusterHost, tmp_path_factory: pytest.TempPathFactory) -> Site:
+    """The control plane's host as a site's: kubectl and the admin kubeconfig, CoreDNS from kubeadm, the
+    namespaces the charts would create (helm --create-namespace), the token's Secret; then the first deploy."""
+    host, plane = kubernetes_api_host.host, kubernetes_api_host.plane
+    kubernetes_control_plane.install_admin_client(host, plane)
+    kubernetes_control_plane.kubeadm_coredns(plane)
     for name in sorted({o["metadata"]["namespace"] for o in built_in() if o["metadata"].get("namespace")}):
-        kubernetes_api.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"a": "b"}}}
-        )
-    for obj in built_in():
-        kubernetes_api.apply(obj)
-    yield kubernetes_api
+        plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"a": "b"}}})
+    plane.apply(render.cloudflare_token_secret(TOKEN))
+    inventory = str(inventory_with(tmp_path_factory.mktemp("site"), host, SITE))
+    return Site(host, plane, inventory, deploy([host], inventory=inventory, roles=ROLES))
+
+
+@pytest.fixture(scope="module")
+def applied(site: Site) -> ControlPlane:
+    return site.plane
+
+
+def gate(site: Site) -> subprocess.CompletedProcess[str]:
+    return verify([site.host], "-q", "-rfEs", roles=ROLES, inventory=site.inventory)
+
+
+def corefile_managers(plane: ControlPlane) -> dict[str, str]:
+    """Who owns the Corefile: {manager: operation} of the managedFields entries that name data.Corefile."""
+    stored = plane.request("GET", COREDNS_PATH)
+    return {
+        entry["manager"]: entry["operation"]
+        for entry in stored["metadata"]["managedFields"]
+        if "f:Corefile" in json.dumps(entry.get("fieldsV1", {}))
+    }
+
+
+def test_the_deploy_applies_the_built_in_objects_with_kubectl_on_the_control_plane(site: Site) -> None:
+    assert site.first.returncode == 0, site.first.output
+    assert site.first.changed >= 1, site.first.output
+    assert corefile_managers(site.plane) == {"ironserve": "Apply"}  # kubeadm's Corefile taken over by the apply
+    for obj in render.built_in_manifests(CONFIG):
+        assert site.plane.request("GET", site.plane.resource_path(obj))["metadata"]["name"] == obj["metadata"]["name"]
+
+
+def test_re_runs_settle_to_zero_changes(site: Site) -> None:
+    """kubectl 1.20's diff includes managedFields (1.25 and later leave them out: kubernetes/kubernetes#111319), and
+    1.20.2 rewrites kubeadm's managedFields entry of the Corefile at the first apply after the take-over; so here the
+    second run may apply once more, writing managedFields only, and the third changes nothing."""
+    before = site.plane.request("GET", COREDNS_PATH)["data"]
+    second = deploy([site.host], inventory=site.inventory, roles=ROLES)
+    assert second.returncode == 0 and second.changed <= 1, second.output
+    assert site.plane.request("GET", COREDNS_PATH)["data"] == before
+    third = deploy([site.host], inventory=site.inventory, roles=ROLES)
+    assert (third.returncode, third.changed) == (0, 0), third.output
+
+
+def test_the_gate_passes_the_clusters_add_ons_on_the_control_plane(site: Site) -> None:
+    result = gate(site)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"invariants on {site.host.name}: 7 pass, 0 fail, 0 skip" in result.stdout, result.stdout
+
+
+def test_a_corefile_changed_by_hand_fails_the_gate_until_the_next_deploy(site: Site) -> None:
+    rendered = render.coredns_configmap(CONFIG)["data"]["Corefile"]
+    hand_made = rendered.replace("cache 30", "cache 300")
+    site.plane.request("PATCH", COREDNS_PATH, {"data": {"Corefile": hand_made}}, MERGE_PATCH)
+    failed = gate(site)
+    assert failed.returncode != 0
+    for name in (
+        "test_the_add_ons_objects_are_in_force_as_rendered",
+        "test_the_corefile_in_force_is_the_rendered_one",
+        "test_the_corefile_in_force_caches_for_30_seconds",
+    ):
+        assert f"FAILED tests/acceptance/test_cluster_addons.py::{name}" in failed.stdout, failed.stdout
+    assert "test_the_corefile_in_force_reloads_itself" not in failed.stdout  # its fact still holds
+    fixed = deploy([site.host], inventory=site.inventory, roles=ROLES)
+    assert (fixed.returncode, fixed.changed) == (0, 1), fixed.output
+    assert site.plane.request("GET", COREDNS_PATH)["data"]["Corefile"] == rendered
+    settled = deploy([site.host], inventory=site.inventory, roles=ROLES)  # 1.20's managedFields rewrite, as above
+    assert settled.returncode == 0 and settled.changed <= 1, settled.output
+    passed = gate(site)
+    assert passed.returncode == 0, passed.stdout
 
 
 def test_every_built_in_kind_is_rendered_for_an_api_this_server_has(applied: ControlPlane) -> None:

@@ -35,12 +35,13 @@ from ironserve_service.scaler import Scaler
 from ironserve_service.settings import ServiceSettings
 
 from ironserve import manifests
+from ironserve.kubectl import KubectlDiff, ObjectsDiff, objects_applied
 from ironserve.lab import kubernetes_control_plane
+from ironserve.lab.deploying import verify
 from ironserve.lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane, service_account_user, wait_for
 from roles import stack_config
-from roles.inference.facts import KubectlDiff, ObjectsDiff
 from roles.inference.kubernetes import deploy_objects, host_settings
-from roles.inference.operations import objects_applied
+from tests.lab.conftest import ClusterHost, inventory_with
 from tests.unit.operation_harness import FakeHost, fact_key, run_operation
 from tests.unit.test_inference_kubernetes import KUBERNETES_MODE
 
@@ -227,6 +228,56 @@ def test_the_kube_swap_command_refuses_the_same_gate_with_the_swaps_token(
     assert admin_get(applied, deployment_path("blue"))["spec"]["replicas"] == 0
 
 
+@pytest.fixture(scope="module")
+def gate_inventory(
+    kubernetes_api_host: ClusterHost, applied: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """The control plane's host as a site's (the real kubectl, the admin kubeconfig) in an inventory of its own."""
+    kubernetes_control_plane.install_admin_client(kubernetes_api_host.host, applied)
+    # The lab inventory gives the host its bridge address to listen on; the objects applied above were rendered
+    # with the default (service.yaml in the scaler's ConfigMap carries it; no pod listens on it).
+    keys = {**KUBERNETES_MODE, "inference_listen_address": str(host_settings(CONFIG).swap.listen_host)}
+    return str(inventory_with(tmp_path_factory.mktemp("gate"), kubernetes_api_host.host, keys))
+
+
+def cluster_gate(cluster: ClusterHost, inventory: str) -> subprocess.CompletedProcess[str]:
+    """`ironserve verify` of the inference role's tests that read the cluster (test_kubernetes_mode_cluster_*): the
+    host's own files and units are the deploy's, which this module does not run. Kubernetes mode needs the
+    kubernetes role beside inference (the inventory check), whose own tests the selection leaves out."""
+    selected = ("-k", "kubernetes_mode_cluster")
+    return verify([cluster.host], "-q", "-rfEs", *selected, roles=("kubernetes", "inference"), inventory=inventory)
+
+
+def test_the_gate_passes_the_services_cluster_checks_on_the_control_plane(
+    kubernetes_api_host: ClusterHost, gate_inventory: str
+) -> None:
+    """After the refused swap above, blue's Deployment is in the cluster (0 replicas): the gate reads its pods'
+    memory and DNS policy too, so no cluster check skips."""
+    result = cluster_gate(kubernetes_api_host, gate_inventory)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = f"invariants on {kubernetes_api_host.host.name}: 5 pass, 0 fail, 0 skip"
+    assert summary in result.stdout, result.stdout
+
+
+def test_a_scaler_role_widened_by_hand_fails_the_gate(kubernetes_api_host: ClusterHost, gate_inventory: str) -> None:
+    plane = kubernetes_api_host.plane
+    [role] = [o for o in deploy_objects(CONFIG) if (o["kind"], o["metadata"]["name"]) == ("Role", SCALER_ACCOUNT)]
+    wide = [{"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale"], "verbs": ["*"]}]
+    plane.request("PATCH", plane.resource_path(role), {"rules": wide}, content_type=MERGE_PATCH)
+    try:
+        failed = cluster_gate(kubernetes_api_host, gate_inventory)
+    finally:
+        plane.apply(role)
+    assert failed.returncode != 0
+    failures = {line.split("::")[1].split("[")[0] for line in failed.stdout.splitlines() if line.startswith("FAILED")}
+    assert failures == {
+        "test_kubernetes_mode_cluster_has_the_services_objects_as_rendered",
+        "test_kubernetes_mode_cluster_lets_the_scaler_change_only_the_scale",  # its "no" case: a plain patch
+    }, failed.stdout
+    summary = f"invariants on {kubernetes_api_host.host.name}: 3 pass, 2 fail, 0 skip"
+    assert summary in failed.stdout, failed.stdout
+
+
 def _run_on_this_machine(command: str, plane: ControlPlane) -> subprocess.CompletedProcess[str]:
     """A fact's or an operation's shell command as the host would run it, with the lab's real kubectl 1.20.2."""
     path = f"{kubernetes_control_plane.build_dir() / 'bin'}:{os.environ['PATH']}"
@@ -241,8 +292,8 @@ def _diff(plane: ControlPlane) -> ObjectsDiff | None:
 
 
 def test_the_deploys_diff_fact_finds_nothing_to_apply_when_the_objects_are_in_force(applied: ControlPlane) -> None:
-    """roles/inference's KubectlDiff fact, run with the real kubectl against the real API server: the objects the
-    fixture applied (as field manager ironserve) are in force, so the deploy's objects_applied is a no-op."""
+    """The deploy's KubectlDiff fact (ironserve.kubectl), run with the real kubectl against the real API server: the
+    objects the fixture applied (as field manager ironserve) are in force, so objects_applied is a no-op."""
     diff = _diff(applied)
     assert diff is not None and (diff.status, diff.stderr) == (0, "")
 

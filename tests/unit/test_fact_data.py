@@ -34,6 +34,7 @@ CASE_KEYS = {"source", "kwargs", "command", "command_reads", "output", "output_f
 ROLE_FACT_FILES = sorted(Path(roles.__file__).parent.glob("*/facts.py"))
 FACT_MODULES = (
     "ironserve.facts",
+    "ironserve.kubectl",
     "ironserve.owned",
     "ironserve.sysctl_boot",
     *(f"roles.{path.parent.name}.facts" for path in ROLE_FACT_FILES),

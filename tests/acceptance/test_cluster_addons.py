@@ -1,0 +1,114 @@
+"""Acceptance: roles/cluster_addons (catalog areas dns and kubernetes), read from the cluster itself on a control
+plane, with kubeadm's admin kubeconfig and the host's kubectl: the objects the deploy applies are in force as
+rendered, CoreDNS is the cluster's DNS and runs the rendered Corefile, the device plugin's DaemonSet runs on
+RuntimeClass nvidia, and no DaemonSet resets GPUs (each node's own GPUs: tests/acceptance/test_kubernetes.py).
+
+Workers skip: the cluster is read once, from a control plane. The custom resources (Gateway API, cert-manager) and
+the Helm releases are not applied by this role yet, so their ids are waived (waivers.yaml) rather than read here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ironserve import manifests
+from ironserve.kubectl import ADMIN_KUBECONFIG, KubectlDiff
+from roles import StackConfig
+from roles.cluster_addons import corefile, render
+
+
+@pytest.fixture(autouse=True)
+def _reads_the_cluster_from_a_control_plane(config: StackConfig) -> None:
+    if "cluster_addons" not in config.roles:
+        pytest.skip("this host does not run the cluster_addons role (ironserve_roles)")
+    if config.kubernetes.role != "control-plane":
+        pytest.skip("the cluster's add-ons are read from a control plane; this host is a worker")
+
+
+def in_force_corefile(kubectl: Any) -> str:
+    text: str = kubectl("-n", "kube-system", "get", "configmap", "coredns", "-o", "json")["data"]["Corefile"]
+    return text
+
+
+@pytest.mark.invariant("dns-coredns", "k8s-nvidia-device-plugin")
+def test_the_add_ons_objects_are_in_force_as_rendered(host: Any, config: StackConfig, observe: Any) -> None:
+    # kubectl's server-side diff of what the deploy renders now: any field another manager changed shows.
+    fact = KubectlDiff()
+    objects = manifests.dump_all(render.built_in_manifests(config))
+    result = host.run(fact.command(objects=objects, kubeconfig=ADMIN_KUBECONFIG))
+    diff = fact.process(result.stdout.splitlines())
+    observe(diff)
+    assert diff is not None, f"no {ADMIN_KUBECONFIG} on this control plane"
+    assert (diff.status, diff.stderr) == (0, "")
+
+
+@pytest.mark.invariant("dns-coredns")
+def test_coredns_is_the_clusters_dns_and_kube_dns_is_not(kubectl: Any, observe: Any) -> None:
+    deployments = kubectl("-n", "kube-system", "get", "deployments", "-o", "json")["items"]
+    names = sorted(d["metadata"]["name"] for d in deployments)
+    observe(names)
+    assert "coredns" in names
+    assert "kube-dns" not in names
+
+
+@pytest.mark.invariant("dns-corefile-server-block")
+def test_the_corefile_in_force_is_the_rendered_one(kubectl: Any, config: StackConfig, observe: Any) -> None:
+    in_force = in_force_corefile(kubectl)
+    observe(in_force)
+    assert in_force == render.coredns_configmap(config)["data"]["Corefile"]
+
+
+@pytest.mark.invariant("dns-corefile-forward")
+def test_coredns_forwards_to_the_sites_targets(kubectl: Any, config: StackConfig, observe: Any) -> None:
+    server = {d.name: d for b in corefile.parse(in_force_corefile(kubectl)) if b.name == ".:53" for d in b.block}
+    forward = server["forward"].args if "forward" in server else None
+    observe(forward)
+    assert forward == (".", *config.cluster_addons.coredns_forward)
+
+
+def corefile_problems(kubectl: Any, config: StackConfig) -> list[str]:
+    forward = config.cluster_addons.coredns_forward
+    return corefile.problems(in_force_corefile(kubectl), config.kubernetes.dns_domain, forward)
+
+
+@pytest.mark.invariant("dns-corefile-cache")
+def test_the_corefile_in_force_caches_for_30_seconds(kubectl: Any, config: StackConfig, observe: Any) -> None:
+    found = corefile_problems(kubectl, config)
+    observe(found)
+    assert not [problem for problem in found if "`cache 30`" in problem]
+
+
+@pytest.mark.invariant("dns-corefile-reload")
+def test_the_corefile_in_force_reloads_itself(kubectl: Any, config: StackConfig, observe: Any) -> None:
+    found = corefile_problems(kubectl, config)
+    observe(found)
+    assert not [problem for problem in found if "`reload`" in problem]
+
+
+@pytest.mark.invariant("k8s-nvidia-device-plugin")
+def test_the_device_plugin_runs_on_the_nvidia_runtime_with_the_pinned_image(
+    kubectl: Any, config: StackConfig, observe: Any
+) -> None:
+    [rendered] = [o for o in render.built_in_manifests(config) if o["kind"] == "DaemonSet"]
+    name = rendered["metadata"]["name"]
+    spec = kubectl("-n", "kube-system", "get", "daemonset", name, "-o", "json")["spec"]["template"]["spec"]
+    runtime = kubectl("get", "runtimeclass", render.RUNTIME_CLASS, "-o", "json")
+    observe({"runtimeClassName": spec.get("runtimeClassName"), "handler": runtime["handler"]})
+    assert spec.get("runtimeClassName") == render.RUNTIME_CLASS == runtime["handler"]
+    addons = config.cluster_addons
+    assert [c["image"] for c in spec["containers"]] == [f"{addons.device_plugin_image}:{addons.device_plugin_version}"]
+
+
+@pytest.mark.invariant("k8s-gpu-reset-initcontainer")
+def test_no_daemonset_resets_a_gpu(kubectl: Any, observe: Any) -> None:
+    # The seed's initContainer (`nvidia-smi -i 0 -r`) would kill in-flight work on every restart of its pod.
+    resets = []
+    for daemonset in kubectl("get", "daemonsets", "--all-namespaces", "-o", "json")["items"]:
+        for container in daemonset["spec"]["template"]["spec"].get("initContainers", []):
+            command = " ".join(container.get("command", []) + container.get("args", []))
+            if "nvidia-smi" in command and (" -r" in command or "--gpu-reset" in command):
+                resets.append(f"{daemonset['metadata']['namespace']}/{daemonset['metadata']['name']}: {command}")
+    observe(resets)
+    assert resets == []
