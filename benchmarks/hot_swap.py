@@ -5,12 +5,14 @@ Starts its own etcd, Envoy, control loop, exporter and two CPU vLLM instances (t
 venv), all on 127.0.0.1, and stops them all. Figures only; no assertions. The load is the official openai
 SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, no SDK retries).
 
-- switch latency: the etcd compare-and-swap write -> the first request answered through Envoy by the new
-  colour (`swap` polls /health through Envoy every 5 ms). `swap` runs in its own process, as an admin's
-  command does, so the load generator's threads do not hold its GIL. Broken down (hotswap_stack.SWITCH_STEPS)
-  with the control loop's own timestamps (its switch log line) and Envoy's (the route's `last_updated` in
-  its admin): etcd watch (write -> event parsed), readiness check, route file write, Envoy apply (rename ->
-  applied, 1 ms resolution) and first answer (applied -> /health answered by the new colour through Envoy).
+- switch latency: the etcd compare-and-swap write (as `swap` reads the answer) -> the first request answered
+  through Envoy by the new colour (`swap` polls /health through Envoy every `swap.SWITCH_POLL_S`). `swap` runs
+  in its own process, as an admin's command does, so the load generator's threads do not hold its GIL. Broken
+  down (hotswap_stack.SWITCH_STEPS) with the control loop's own timestamps (its switch log line) and Envoy's
+  (the route's `last_updated` in its admin, 1 ms resolution): etcd watch (write -> event parsed; below zero
+  when the event arrives before `swap` has read the txn's answer), readiness check, route file write, Envoy
+  apply (rename -> applied; below zero when Envoy applies before the preempted control loop reads its clock)
+  and first answer (applied -> /health answered by the new colour through Envoy).
 - Envoy's added latency: the same requests sent alternately to vLLM directly and through Envoy, no load;
   and vLLM's own `vllm bench serve` (random 16-token prompts, 8 output tokens) against the engine and
   through Envoy, side by side.
@@ -80,15 +82,18 @@ def timed_chat(url: str) -> float:
 # `swap MODEL VERSION` as the CLI runs it, in a process of its own, printing its SwapResult as JSON.
 SWAP_PROCESS = """
 import dataclasses, json, sys
+from pathlib import Path
 from ironserve_service import settings, swap
-result = swap.swap(settings.load_settings(sys.argv[1]), "qwen2-7b", sys.argv[2], log=lambda line: None)
+result = swap.swap(settings.load_settings(Path(sys.argv[1])), "qwen2-7b", sys.argv[2], log=lambda line: None)
 print(json.dumps(dataclasses.asdict(result)))
 """
 
 
 def swap_in_own_process(stack: Stack, version: str) -> swap.SwapResult:
-    command = [sys.executable, "-c", SWAP_PROCESS, str(stack.config), version]
-    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=900)
+    command = ["nice", "-n", str(stack.nice), sys.executable, "-c", SWAP_PROCESS, str(stack.config), version]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"swap to {version} failed in its process: {done.stderr[-3000:]}")
     return swap.SwapResult(**json.loads(done.stdout.splitlines()[-1]))
 
 
@@ -126,6 +131,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--bench-prompts", type=int, default=100, help="prompts per `vllm bench serve` run")
     parser.add_argument("--samples", type=int, default=200, help="requests per path for Envoy's added latency")
+    parser.add_argument("--nice", type=int, default=0, help="nice value of the stack's processes and of swap's (and so "
+                        "of the engines it starts); not of the load generator")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -134,7 +141,7 @@ def main() -> None:
     subprocess.run([str(ENGINE_PYTHON), str(SERVICE_DIR / "scripts" / "build_tiny_model.py"), str(TINY_MODEL_DIR)],
                    check=True, capture_output=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hot-swap-bench-") as work:
-        stack = build_stack(Path(work), TINY_MODEL_DIR, ENGINE_PYTHON)
+        stack = build_stack(Path(work), TINY_MODEL_DIR, ENGINE_PYTHON, nice=args.nice)
         stack.start()
         try:
             first = swap_in_own_process(stack, "v1")
@@ -185,7 +192,7 @@ def main() -> None:
     print()
     print(f"swaps completed            {len(ok)}/{args.swaps} in {elapsed:.0f} s, {args.clients} clients")
     print(f"host                       {os.cpu_count()} CPUs, load average (1 min) {load_before[0]:.1f} before the "
-          f"swaps, {load_after[0]:.1f} after")  # fmt: skip
+          f"swaps, {load_after[0]:.1f} after; stack, swap and engines at nice {args.nice}")  # fmt: skip
     print(
         f"requests                   {len(outcomes)} ({streamed} streaming, {h2c} over h2c), failed {len(bad)}, "
         f"incomplete {sum(o.ok and not o.complete for o in outcomes)}"

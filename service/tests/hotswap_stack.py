@@ -96,9 +96,14 @@ class Stack:
     envoy: subprocess.Popen[bytes] | None = None
     control: subprocess.Popen[bytes] | None = None
     exporter: subprocess.Popen[bytes] | None = None
+    # Nice value of the stack's processes: below 0, the serving host's work goes before whatever else this
+    # machine runs (the engines started by `swap` take the value of the process that runs it).
+    nice: int = 0
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen[bytes]:
         log = (self.logs / f"{name}.log").open("ab")
+        if self.nice:
+            command = ["nice", "-n", str(self.nice), *command]
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def start_etcd(self) -> None:
@@ -174,7 +179,7 @@ def engine_pid(launcher: int) -> int | None:
     return int(children[0]) if children else None
 
 
-def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s: float = 10.0) -> Stack:
+def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s: float = 10.0, nice: int = 0) -> Stack:
     models = work / "models"
     models.mkdir(parents=True, exist_ok=True)
     make_versions(tiny_model, models)
@@ -201,7 +206,7 @@ def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s:
             "drain_idle_s": drain_idle_s, "ready_timeout_s": 240, "switch_timeout_s": 10, "poll_interval_s": 0.2,
         },
     }))  # fmt: skip
-    return Stack(work, config, load_settings(config), etcd_port, logs)
+    return Stack(work, config, load_settings(config), etcd_port, logs, nice=nice)
 
 
 @dataclass

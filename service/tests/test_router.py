@@ -113,13 +113,13 @@ def test_write_initial_keeps_the_last_good_route(tmp_path: Path) -> None:
     router.write_route(swap.router_dir / router.RDS_FILE, router.routes(swap, "blue", "v1", 3))
     router.write_initial(swap, tmp_path / "bootstrap.json")
     assert router.current_route(swap) == (3, "blue", "v1")
-    hidden = [p.name for p in swap.router_dir.iterdir() if p.name.startswith(".")]
-    assert hidden == [os.readlink(swap.router_dir / router.RDS_FILE)]
+    assert not [p for p in swap.router_dir.iterdir() if p.name.endswith((".tmp", ".link"))]
 
 
 def test_the_route_is_a_link_flipped_to_its_newest_content(tmp_path: Path) -> None:
-    """A route file left as a regular file (an earlier version, write_atomic) is replaced by the link; each write
-    leaves one content file, mode 0640 (it carries the API keys), named relative to the directory."""
+    """A route file left as a regular file (an earlier version, write_atomic) is replaced by the link; the contents
+    it no longer names are pruned after the switch; the content is mode 0640 (it carries the API keys) and named
+    relative to the directory."""
     swap = settings(tmp_path)
     path = swap.router_dir / router.RDS_FILE
     router.write_atomic(path, router.routes(swap, "blue", "v1", 3))
@@ -127,6 +127,8 @@ def test_the_route_is_a_link_flipped_to_its_newest_content(tmp_path: Path) -> No
         router.write_route(path, router.routes(swap, colour, "v1", revision))  # type: ignore[arg-type]
     assert path.is_symlink() and "/" not in os.readlink(path)
     assert router.current_route(swap) == (6, "green", "v1")
+    assert len(list(swap.router_dir.iterdir())) == 4
+    router.prune_routes(path)
     assert sorted(p.name for p in swap.router_dir.iterdir()) == sorted([os.readlink(path), router.RDS_FILE])
     assert path.stat().st_mode & 0o777 == 0o640
 

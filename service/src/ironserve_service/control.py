@@ -298,9 +298,10 @@ class Controller:
         checked_at = time.time()
         path = self.swap.router_dir / router.RDS_FILE
         router.write_route(path, router.routes(self.swap, colour, version, revision, self.settings.quality,
-                                                self.api_keys()))  # fmt: skip
+                                               self.api_keys()))  # fmt: skip
         timing = SwitchTiming(event_at, checked_at, time.time())
         self.log(f"route -> {colour}/{version} (etcd revision {revision}) {result.reason}; {timing.log_text()}")
+        router.prune_routes(path)
         self.route_revision, self.colour, self.version = revision, colour, version
 
     def check_with_proof(self, colour: Colour) -> ProbeResult:
@@ -339,6 +340,7 @@ class Controller:
             if json.loads(path.read_text(encoding="utf-8")) == wanted:
                 return
         router.write_route(path, wanted)
+        router.prune_routes(path)
         self.log(f"route re-rendered for the current settings and keys ({self.colour}/{self.version})")
 
     def run_once(self, idle_s: float = 5.0) -> None:

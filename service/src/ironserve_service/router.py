@@ -3,11 +3,11 @@
 Choice: Envoy's filesystem dynamic configuration, not an xDS server. The bootstrap holds a static
 listener whose HTTP connection manager takes its routes from ``rds.json`` (RDS over a
 ``path_config_source`` with a ``watched_directory``) and ``cds.json`` (CDS, same mechanism) holds the
-blue and green clusters. A switch is one ``os.replace`` of ``rds.json`` inside the watched directory:
-Envoy sees the move, loads the whole file and applies the new RouteConfiguration to every new stream,
-including those on already-open keep-alive and HTTP/2 connections, while streams in flight finish on
-the cluster they started on. No extra long-running process, nothing to authenticate, and the last good
-route survives a restart of the control loop or of etcd because it is a file.
+blue and green clusters. A switch is one ``os.replace`` of ``rds.json``, a symlink to the route's content,
+inside the watched directory: Envoy sees the move, loads the whole file and applies the new RouteConfiguration
+to every new stream, including those on already-open keep-alive and HTTP/2 connections, while streams in
+flight finish on the cluster they started on. No extra long-running process, nothing to authenticate, and the
+last good route survives a restart of the control loop or of etcd because it is a file.
 
 X-Env colouring (``SwapSettings.routing``): requests with ``X-Env: staging`` go to the ``staging`` cluster,
 ``X-Env: canary`` to a weighted split between the ``canary`` cluster and the active colour (prod), anything
@@ -365,10 +365,14 @@ def write_route(path: Path, document: JSON) -> None:
     link.unlink(missing_ok=True)
     os.symlink(content.name, link)
     os.replace(link, path)
-    # Older contents go; the one the link names now stays even if another writer flipped it since.
-    served = os.readlink(path)
+
+
+def prune_routes(path: Path) -> None:
+    """Removes the route contents the link at `path` no longer names, after the switch: an unlink can wait on
+    a busy disk's journal."""
+    served = os.readlink(path) if path.is_symlink() else None
     for old in path.parent.glob(f".{path.stem}-*{path.suffix}"):
-        if old.name not in (served, content.name):
+        if old.name != served:
             old.unlink(missing_ok=True)
 
 
@@ -378,6 +382,7 @@ def write_initial(settings: SwapSettings, bootstrap_path: Path, quality: Quality
     write_atomic(settings.router_dir / CDS_FILE, clusters(settings, quality))
     if not (settings.router_dir / RDS_FILE).exists():
         write_route(settings.router_dir / RDS_FILE, routes(settings, None, None, 0))
+        prune_routes(settings.router_dir / RDS_FILE)
 
 
 def current_route(settings: SwapSettings) -> tuple[int, str | None, str | None]:
