@@ -5,8 +5,10 @@
 # oracle for API and kubelet behaviour (never the version ironserve pins for sites). Output, outside the
 # repository like the lab's root file systems:
 #   $IRONSERVE_CACHE/kubernetes-1.20.2/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubeadm,kubectl,pause}
+#   $IRONSERVE_CACHE/kubernetes-1.20.2/bin/lab-gpu-device-plugin   (the lab's stand-in device plugin, see below)
 #   $IRONSERVE_CACHE/kubernetes-1.20.2/debs/containernetworking-plugins_*.deb   (the CNI plugins for the VM)
-# A stamp file naming the components marks a finished build; with it present this script does nothing. A build
+# A stamp file naming the components (and the stand-in plugin's source hash) marks a finished build; with it
+# present this script does nothing. A build
 # happens beside the old one and replaces it only when done, so the lab keeps running the old binaries meanwhile.
 # Nothing on this machine's apt configuration changes: the source list, apt's lists and its cache are private to
 # the cache directory.
@@ -18,13 +20,17 @@ ROOT="$FINAL.building"
 BIN="$ROOT/bin"
 STAMP="$FINAL/.built"
 # kubectl: the deploy's diff and server-side apply, run for real against the lab's API server.
-COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubeadm kubectl)
+# lab-gpu-device-plugin: the lab's stand-in of NVIDIA's device plugin (ironserve/lab/files/gpu-device-plugin),
+# built in this tree against the kubelet's own device-plugin API package and its vendored gRPC.
+COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubeadm kubectl lab-gpu-device-plugin)
+PLUGIN_SOURCE="$(cd "$(dirname "$0")/.." && pwd)/ironserve/lab/files/gpu-device-plugin/main.go"
+BUILT="${COMPONENTS[*]} $(sha256sum "$PLUGIN_SOURCE" | cut -c1-16)"
 
 # One build at a time (`make kubernetes-build` and a lab test may start at once); the second finds the stamp.
 mkdir -p "$CACHE"
 exec 9>"$CACHE/kubernetes-build.lock"
 flock 9
-if [ -e "$STAMP" ] && [ "$(cat "$STAMP")" = "${COMPONENTS[*]}" ]; then
+if [ -e "$STAMP" ] && [ "$(cat "$STAMP")" = "$BUILT" ]; then
   exit 0
 fi
 
@@ -93,6 +99,7 @@ echo "build-kubernetes: $(head -n1 "$tree/debian/changelog")"
 # lives in the cache directory while building and is deleted with the sources after (gigabytes).
 echo "build-kubernetes: building ${COMPONENTS[*]} (about 10 minutes on 2 cores)"
 mkdir -p "$tree/.go/src/k8s.io" "$ROOT/home"
+install -D -m 0644 "$PLUGIN_SOURCE" "$tree/cmd/lab-gpu-device-plugin/main.go"
 ln -sfn ../../.. "$tree/.go/src/k8s.io/kubernetes"
 (
   cd "$tree/.go/src/k8s.io/kubernetes"
@@ -113,7 +120,7 @@ gcc -Os -static -o "$BIN/pause" "$tree/build/pause/linux/pause.c"
 
 "$BIN/kubelet" --version
 rm -rf "$ROOT/src" "$ROOT/gocache" "$ROOT/home" "$ROOT/apt"
-echo "${COMPONENTS[*]}" >"$ROOT/.built"
+echo "$BUILT" >"$ROOT/.built"
 rm -rf "$FINAL.old"
 if [ -d "$FINAL" ]; then mv "$FINAL" "$FINAL.old"; fi
 mv "$ROOT" "$FINAL"

@@ -17,6 +17,10 @@ pins for sites.
   form the service's Deployments name their image in.
 - Before the kubelet is started, ironserve's own check (roles.kubernetes.checks.cgroup_driver_problem)
   compares its configuration with the VM's real containerd config.toml; a mismatch starts nothing.
+- The GPUs are the simulated edge, as the stand-in nvidia-smi is: a stand-in of NVIDIA's device plugin
+  (files/gpu-device-plugin, built against the kubelet's own device-plugin API) offers the hardware profile's GPU
+  UUIDs as `nvidia.com/gpu`, and containerd's `nvidia` runtime runs a stand-in nvidia-container-runtime that hands
+  its arguments to runc (no GPU to inject). What the kubelet, the scheduler and containerd do with them is real.
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ GUEST_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 GUEST_IMAGES = "/var/tmp/ironserve-lab-images"
 TASK_EVENTS = "/var/tmp/ironserve-lab-task-events.log"  # record_task_exits' file
 KUBELET_UNIT = "lab-kubelet.service"
+GUEST_GPU_PLUGIN = "/usr/local/bin/lab-gpu-device-plugin"
+GPU_PLUGIN_UNIT = "lab-gpu-device-plugin.service"
+NVIDIA_RUNTIME_LOG = "/var/log/ironserve-lab-nvidia-runtime.log"  # the stand-in runtime's command lines
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 
@@ -306,6 +313,34 @@ def start_kubelet(host: LabHost, plane: ControlPlane, kubelet_config: str) -> No
         f" && rm -rf {GUEST_IMAGES} && systemctl daemon-reload && systemctl start {KUBELET_UNIT}",
         timeout=300,
     )
+
+
+def gpu_device_plugin_unit(uuids: list[str]) -> str:
+    return (
+        "[Unit]\n"
+        "Description=ironserve lab stand-in of NVIDIA's device plugin (the hardware profile's GPUs)\n"
+        f"After={KUBELET_UNIT}\n\n"
+        f"[Service]\nExecStart={GUEST_GPU_PLUGIN} --devices {','.join(uuids)}\nRestart=no\n"
+    )
+
+
+def start_gpu_device_plugin(host: LabHost, uuids: list[str]) -> None:
+    """The stand-in device plugin offering `uuids` as nvidia.com/gpu, registered with the running kubelet, and the
+    stand-in nvidia-container-runtime at containerd's `nvidia` runtime's BinaryName (roles/container_runtime's
+    default), so pods on RuntimeClass nvidia start through it (each call logged in NVIDIA_RUNTIME_LOG)."""
+    binary = str(cri_settings(host)["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"])
+    runc = remote.run(host, "command -v runc").strip()
+    shim = (
+        f"#!/bin/sh\n# ironserve lab stand-in of {binary}: no GPU to inject, so runc as is; each call logged\n"
+        f'echo "$*" >>{NVIDIA_RUNTIME_LOG}\nexec {runc} "$@"\n'
+    )
+    files = {
+        GUEST_GPU_PLUGIN: ((build_dir() / "bin" / "lab-gpu-device-plugin").read_bytes(), 0o755),
+        f"/etc/systemd/system/{GPU_PLUGIN_UNIT}": (gpu_device_plugin_unit(uuids).encode(), 0o644),
+        binary: (shim.encode(), 0o755),
+    }
+    copy_files(host, files)
+    remote.run(host, f"systemctl daemon-reload && systemctl start {GPU_PLUGIN_UNIT}")
 
 
 def copy_files(host: LabHost, files: dict[str, tuple[bytes, int]]) -> None:

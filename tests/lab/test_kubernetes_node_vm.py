@@ -8,11 +8,17 @@ What only a real node shows: it becomes Ready on cgroup v2, a pod confined by ir
 pods land under the systemd slice kubepods.slice, pods reach each other and the node over the CNI bridge, and
 ironserve's cgroup driver check refuses a kubelet on cgroupfs before anything of it is started.
 
+The node's GPUs are the simulated edge: a stand-in of NVIDIA's device plugin (files/gpu-device-plugin, speaking
+the kubelet's own device-plugin API) offers the hardware profile's four GPU UUIDs, and containerd's `nvidia` runtime
+runs a stand-in nvidia-container-runtime that execs runc. The kubelet's allocatable nvidia.com/gpu, the scheduler's
+placement and the exclusive allocation to containers are real.
+
 Then the inference service in `inference_mode: kubernetes` on that node, with a stand-in of the engine image
 (files/engine-standin.c at the engine's Python path: the launcher's markers and the exec probes' answers, no model,
-no GPU, no completions; checked against ironserve_service's own probes on this machine first): the deploy's
-objects applied, kube_swap run with the ai-swap account's own token moves the Service from nothing to blue, then
-to green (blue scaled to zero, its container exiting 0 on SIGTERM), and refuses at its ready gate a version whose
+no GPU, no completions; checked against ironserve_service's own probes on this machine first), each colour asking
+for the profile's two serving GPUs on RuntimeClass nvidia: the deploy's objects applied, kube_swap run with the
+ai-swap account's own token moves the Service from nothing to blue, then to green (on the two GPUs blue does not
+hold; blue scaled to zero, its container exiting 0 on SIGTERM), and refuses at its ready gate a version whose
 model directory the node lacks, scaled back, the selector untouched.
 
 The module has its own VM (the kubelet changes sysctls, iptables and links that later VM tests do not expect);
@@ -23,6 +29,7 @@ What it costs: docs/lab-kubernetes-node.md.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import signal
@@ -54,11 +61,12 @@ from ironserve_service.swap import SwapResult
 
 from ironserve.lab import kubernetes_control_plane, kubernetes_node, manager, remote, servers, state
 from ironserve.lab.deploying import deploy
-from ironserve.lab.hardware import DEFAULT_PROFILE
+from ironserve.lab.hardware import DEFAULT_PROFILE, read_hardware_profile
 from ironserve.lab.inference import model_versions
 from ironserve.lab.kubernetes_control_plane import ControlPlane, service_account_user, wait_for
 from ironserve.lab.state import LabHost
 from roles import StackConfig, stack_config
+from roles.cluster_addons.render import RUNTIME_CLASS, device_plugin_manifests
 from roles.inference.kubernetes import deploy_objects, host_settings
 from roles.kubernetes.render import kubelet_configuration_yaml
 from roles.kubernetes.settings import KubernetesSettings
@@ -73,7 +81,8 @@ NODE_ROLES = ("host_tuning", "security", "container_runtime")  # deploy order; h
 SERVER_PORT = 8080
 SERVER_POD = "probe-server"
 NAMESPACE = "ai"  # the service's (KubernetesServingSettings.namespace)
-GPULESS_PROFILE = "a100-cuda117"  # no `hardware` section: the stack derives 0 serving GPUs (see standin_config)
+SERVING_GPUS = 2  # the default stack profile's (r740-a10: two x16 slots of four A10)
+GPU = "nvidia.com/gpu"
 # The swap's timeouts for a TCG node: a pod's start is seconds to tens of seconds here.
 LAB_SWAP = {"ready_timeout_s": 240, "poll_interval_s": 0.5, "drain_idle_s": 1, "switch_timeout_s": 60}
 REFUSED_READY_TIMEOUT_S = 30
@@ -100,6 +109,11 @@ class Steps:
         now = time.monotonic()
         print(f"lab node: {what} after {now - self.last:.0f} s", file=sys.stderr)
         self.last = now
+
+
+def profile_gpus() -> list[str]:
+    """The UUIDs of the VM's simulated GPUs (its hardware profile's, as the stand-in nvidia-smi reports them)."""
+    return [gpu.uuid for gpu in read_hardware_profile(DEFAULT_PROFILE).gpus]
 
 
 def kubelet_config(cgroup_driver: str) -> str:
@@ -139,6 +153,8 @@ def node() -> Iterator[LabNode]:
         steps.done("kubelet installed and started")
         kubernetes_node.wait_for_node_ready(plane, host.name)
         steps.done("node Ready")
+        kubernetes_node.start_gpu_device_plugin(host, profile_gpus())
+        steps.done("stand-in device plugin started")
         yield LabNode(host, plane, before, hosts_before)
     finally:
         # After a failed start, the lab-vm hosts recorded since are ours (manager.up names them so).
@@ -229,6 +245,21 @@ def test_the_node_reaches_a_pod_over_the_cni_bridge(node: LabNode, server: dict[
     assert answer.strip() == f"hello from {SERVER_POD}"
 
 
+@pytest.mark.invariant("k8s-nvidia-device-plugin")
+def test_the_node_offers_the_profiles_gpus_through_the_device_plugin(node: LabNode) -> None:
+    """k8s-nvidia-device-plugin: the kubelet took the stand-in's registration over the device-plugin API, so the
+    node's capacity and allocatable nvidia.com/gpu are the profile's four GPUs (the node status follows within
+    the kubelet's status update period)."""
+
+    def offered() -> dict[str, str] | None:
+        status = node.plane.request("GET", f"/api/v1/nodes/{node.host.name}")["status"]
+        found = {"capacity": status["capacity"].get(GPU), "allocatable": status["allocatable"].get(GPU)}
+        return found if None not in found.values() else None
+
+    assert wait_for(offered, 60, "nvidia.com/gpu on the node") == {"capacity": "4", "allocatable": "4"}
+    assert len(profile_gpus()) == 4
+
+
 @pytest.mark.invariant("cri-systemd-cgroup")
 def test_kubelet_on_the_wrong_cgroup_driver_is_refused_before_it_starts(node: LabNode) -> None:
     """cri-systemd-cgroup: ironserve's check reads the VM's real config.toml and refuses a cgroupfs kubelet;
@@ -250,11 +281,6 @@ def standin_config(image: str, model_source: str = str(model_versions()["lab-v1"
     what the lab node changes, each named here:
 
     - `image`: the stand-in engine image by digest (kubernetes_node.import_engine_standin);
-    - `ironserve_profile: a100-cuda117`: the one profile with no `hardware` section, so the stack derives 0
-      serving GPUs (the default profile's 2 would ask for nvidia.com/gpu, which the node has no device plugin to
-      offer); the fixture asserts it;
-    - `runtime_class: null`: the node's containerd has an `nvidia` runtime whose nvidia-container-runtime is
-      not installed in the VM; the pods run on containerd's default runc;
     - cpu 100m and memory 64Mi instead of 8 and 24Gi (the VM has 2 CPUs and 1 GiB), still requests == limits;
     - the startup probe every 2 s instead of 10 (it stops once it succeeds), and every probe's timeout 10 s
       instead of 2 (`readiness.probe_timeout_s`): an exec probe is a runc exec, 0.6-2.5 s of the VM's emulated
@@ -262,14 +288,14 @@ def standin_config(image: str, model_source: str = str(model_versions()["lab-v1"
       liveness probe restarted a ready stand-in;
     - the swap's lab timeouts (LAB_SWAP).
     """
-    kubernetes = {"image": image, "runtime_class": None, "cpu": "100m", "memory": "64Mi", "startup_period_s": 2}
+    kubernetes = {"image": image, "cpu": "100m", "memory": "64Mi", "startup_period_s": 2}
     service = {
         **KUBERNETES_MODE["inference_service"],
         "kubernetes": kubernetes,
         "readiness": {"probe_timeout_s": PROBE_TIMEOUT_S},
         "swap": LAB_SWAP,
     }
-    data = {**KUBERNETES_MODE, "ironserve_profile": GPULESS_PROFILE, "inference_model_source": model_source}
+    data = {**KUBERNETES_MODE, "inference_model_source": model_source}
     return stack_config(f"{NAMESPACE}-lab-node", {**data, "inference_service": service})
 
 
@@ -301,7 +327,9 @@ def serving(node: LabNode, tmp_path_factory: pytest.TempPathFactory) -> Serving:
     image = kubernetes_node.import_engine_standin(node.host, str(python))
     config = standin_config(image)
     settings = host_settings(config)
-    assert (settings.kubernetes.gpus, settings.kubernetes.runtime_class) == (0, None)
+    assert (settings.kubernetes.gpus, settings.kubernetes.runtime_class) == (SERVING_GPUS, RUNTIME_CLASS)
+    [runtime_class] = [o for o in device_plugin_manifests(config) if o["kind"] == "RuntimeClass"]
+    node.plane.apply(runtime_class)  # roles/cluster_addons' (its deploy applies it from a control plane)
     for obj in deploy_objects(config):
         if (obj["kind"], obj["metadata"]["name"]) != ("Deployment", SCALER):
             node.plane.apply(obj)
@@ -379,6 +407,7 @@ class SecondSwap(Swapped):
     blue_exit: dict[str, Any]  # containerd's task exit of blue's container (its init process)
     blue_killed_at: datetime  # the kubelet's Killing event of blue's container
     blue_gone_s: float  # from the swap's return until blue's pod was deleted
+    blue_gpus: set[str]  # the GPUs the device plugin allocated to blue's container
 
 
 @pytest.fixture(scope="module")
@@ -387,6 +416,7 @@ def second_swap(node: LabNode, serving: Serving, first_swap: Swapped) -> SecondS
     VM across the swap, until blue's pod is deleted."""
     (pod,) = pods_of(node, "blue")["items"]
     blue_pod = pod["metadata"]["name"]
+    blue_gpus = visible_gpus(node, pod)
     container_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
     recorder = kubernetes_node.record_task_exits(node.host)
     swapped = swap_to(serving, serving.versions[1])
@@ -397,7 +427,8 @@ def second_swap(node: LabNode, serving: Serving, first_swap: Swapped) -> SecondS
     exits = kubernetes_node.task_exits(node.host, recorder)
     (blue_exit,) = [e for e in exits if e["container_id"] == e["id"] == container_id]
     (killing,) = [e for e in kubernetes_node.events_of(node.plane, NAMESPACE, blue_pod) if e["reason"] == "Killing"]
-    return SecondSwap(swapped.result, swapped.log, blue_pod, blue_exit, timestamp(killing["lastTimestamp"]), gone)
+    killed_at = timestamp(killing["lastTimestamp"])
+    return SecondSwap(swapped.result, swapped.log, blue_pod, blue_exit, killed_at, gone, blue_gpus)
 
 
 def timestamp(text: str) -> datetime:
@@ -598,6 +629,35 @@ def test_the_kubelet_runs_the_digest_reference_from_the_local_image(
     ]
 
 
+def container_info(node: LabNode, pod: dict[str, Any]) -> dict[str, Any]:
+    """containerd's record of the pod's container (`ctr containers info`): its runtime and OCI spec."""
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    info: dict[str, Any] = json.loads(remote.run(node.host, f"ctr -n k8s.io containers info {container_id}"))
+    return info
+
+
+def visible_gpus(node: LabNode, pod: dict[str, Any]) -> set[str]:
+    env = container_info(node, pod)["Spec"]["process"]["env"]
+    (value,) = [e.removeprefix("NVIDIA_VISIBLE_DEVICES=") for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    return set(value.split(","))
+
+
+@pytest.mark.invariant("k8s-nvidia-device-plugin")
+def test_blues_container_got_two_of_the_nodes_gpus_on_the_nvidia_runtime(node: LabNode, first_swap: Swapped) -> None:
+    """The pod asks for the serving GPUs (requests == limits); the kubelet's device manager allocated that many of
+    the plugin's devices and put the plugin's NVIDIA_VISIBLE_DEVICES in the container, and containerd created it
+    with the `nvidia` runtime's binary (RuntimeClass nvidia, handler nvidia: the stand-in's log of its calls)."""
+    (pod,) = pods_of(node, "blue")["items"]
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["requests"][GPU] == resources["limits"][GPU] == str(SERVING_GPUS)
+    assert pod["spec"]["runtimeClassName"] == RUNTIME_CLASS
+    gpus = visible_gpus(node, pod)
+    assert len(gpus) == SERVING_GPUS and gpus <= set(profile_gpus())
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    calls = remote.run(node.host, f"cat {kubernetes_node.NVIDIA_RUNTIME_LOG}").splitlines()
+    assert [call for call in calls if " create " in f" {call} " and container_id in call], calls
+
+
 def test_the_second_swap_passes_every_gate_onto_green(second_swap: SecondSwap) -> None:
     result = second_swap.result
     assert (result.ok, result.gate, result.colour, result.previous_colour) == (True, "done", "green", "blue")
@@ -635,6 +695,13 @@ def test_blues_container_exited_0_seconds_after_sigterm(serving: Serving, second
     print(f"lab node: blue's container exited {second_swap.blue_exit} after Killing at {second_swap.blue_killed_at}")
     assert second_swap.blue_exit["exit_status"] == 0
     assert -1 <= (exited - second_swap.blue_killed_at).total_seconds() < grace_s / 4  # Killing: whole seconds
+
+
+def test_green_started_on_the_two_gpus_blue_did_not_hold(node: LabNode, second_swap: SecondSwap) -> None:
+    """While both colours ran, each held its own two of the node's four GPUs: the device manager allocates
+    exclusively, so a blue/green swap needs twice the serving GPUs free (the profile's four A10, two serving)."""
+    (pod,) = pods_of(node, "green")["items"]
+    assert visible_gpus(node, pod) == set(profile_gpus()) - second_swap.blue_gpus
 
 
 def test_greens_container_never_restarted(node: LabNode, second_swap: SecondSwap) -> None:
