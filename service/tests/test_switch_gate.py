@@ -68,7 +68,7 @@ def health_200(tmp_path: Path) -> Iterator[ServiceSettings]:
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", settings.swap.green_port), Healthy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         yield settings
     finally:
