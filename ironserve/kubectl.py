@@ -7,10 +7,12 @@ belong to their own managers), so a re-run never reverts them.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import yaml
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 from pyinfra.context import host
@@ -49,15 +51,74 @@ class KubectlDiff(FactBase[ObjectsDiff | None]):
         return ObjectsDiff(int(lines[0].removeprefix("status=")), "\n".join(line for line in lines[1:] if line.strip()))
 
 
-def _diff_reads(objects: str, kubeconfig: str, **_: object) -> list[Read]:
-    return [Read(KubectlDiff, {"objects": objects, "kubeconfig": kubeconfig})]
+class ServedKinds(FactBase[dict[str, list[str] | None] | None]):
+    """{api version: the kinds the cluster serves in it ([] when it serves no such group or version; None when the
+    API server did not say)}, from its discovery documents; None before the cluster has an admin kubeconfig."""
+
+    def command(self, api_versions: list[str], kubeconfig: str) -> str:
+        conf = shlex.quote(kubeconfig)
+        get = f"kubectl --kubeconfig {conf} --request-timeout=20s get --raw"
+        reads = "; ".join(
+            f"out=$({get} {shlex.quote(_discovery_path(gv))} 2>&1); "
+            f"echo {shlex.quote(gv)} $? \"$(printf '%s' \"$out\" | tr -d '\\n')\""
+            for gv in api_versions
+        )
+        return f"if [ -f {conf} ]; then {reads}; fi"
+
+    def process(self, output: Iterable[str]) -> dict[str, list[str] | None] | None:
+        served: dict[str, list[str] | None] = {}
+        for line in output:
+            api_version, status, body = [*line.split(" ", 2), "", ""][:3]
+            if not api_version:
+                continue
+            if status == "0":
+                resources = json.loads(body)["resources"]
+                served[api_version] = sorted({r["kind"] for r in resources if "/" not in r["name"]})
+            else:  # kubectl's words for a 404: the group or version is not served; anything else says nothing
+                served[api_version] = [] if "(NotFound)" in body else None
+        return served or None
 
 
-@reading_operation(reads=_diff_reads)
+def _discovery_path(api_version: str) -> str:
+    return "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+
+
+def kinds_of(objects: str) -> dict[str, list[str]]:
+    """{api version: kinds} of a YAML stream of objects, in order of first appearance."""
+    found: dict[str, list[str]] = {}
+    for obj in yaml.safe_load_all(objects):
+        if obj:
+            kinds = found.setdefault(obj["apiVersion"], [])
+            if obj["kind"] not in kinds:
+                kinds.append(obj["kind"])
+    return found
+
+
+def _apply_reads(objects: str, kubeconfig: str, **_: object) -> list[Read]:
+    versions = list(kinds_of(objects))
+    return [
+        Read(ServedKinds, {"api_versions": versions, "kubeconfig": kubeconfig}),
+        Read(KubectlDiff, {"objects": objects, "kubeconfig": kubeconfig}),
+    ]
+
+
+@reading_operation(reads=_apply_reads)
 def objects_applied(path: str, objects: str, kubeconfig: str) -> Commands:
     """`kubectl apply --server-side` of the file at `path` (which the deploy writes with `objects`) when the cluster
     differs from `objects`, or cannot say (before kubeadm init in this run, a namespace the objects create): the
-    apply then reports what a diff could not."""
+    apply then reports what a diff could not. Nothing while the cluster does not serve one of their kinds (a custom
+    resource whose CRD comes with a chart not installed yet): the host says which."""
+    wanted = kinds_of(objects)
+    served = read(ServedKinds, api_versions=list(wanted), kubeconfig=kubeconfig)
+    missing = [
+        f"{version} {kind}"
+        for version, kinds in wanted.items()
+        for kind in kinds
+        if served is not None and served.get(version) is not None and kind not in (served[version] or [])
+    ]
+    if missing:
+        host.noop(f"{path}: not applied, the cluster does not serve {', '.join(missing)} yet")
+        return
     diff = read(KubectlDiff, objects=objects, kubeconfig=kubeconfig)
     if diff is not None and diff.status == 0:
         host.noop(f"the cluster has {path} as applied")

@@ -40,13 +40,14 @@ SERVICE_OVERRIDES: dict[str, dict[str, Any]] = {
     "release": {"require_gpu": False, "runtime_storage": None, "runtime_unit": None},
     # The load-and-chaos gate runs on every swap, in phases short enough for a test; the engine, locust and stress-ng
     # share this machine's two cores, so the P99 bound only proves the gate runs (the service's hot-swap tests prove
-    # a moved P99 refuses the swap).
+    # a moved P99 refuses the swap). A loaded rehearsal saw 5 and 4 requests in 5 s phases (4-5 s each, the session's
+    # VM beside it): 8 s phases and 3 requests keep the gate running rather than refusing for want of samples.
     "chaos": {
         "users": 4,
         "warmup_s": 2,
-        "load_s": 5,
+        "load_s": 8,
         "settle_s": 1,
-        "min_requests": 5,
+        "min_requests": 3,
         "vm_workers": 1,
         "vm_bytes": "64M",
         "max_p99_increase": 20.0,

@@ -5,11 +5,12 @@ device plugin.
 `render` builds each add-on from one host's StackConfig (Helm releases with pinned versions and values, or
 Kubernetes objects) and `render.problems` validates all of it; `cluster_addons_deployable` runs that check when
 the inventory is loaded, so a misspelt field stops the deploy before any host is contacted. Each control plane
-applies the objects of built-in kinds (CoreDNS's ConfigMap, RuntimeClass nvidia, the device plugin's DaemonSet)
-server-side when the cluster differs; the Helm releases, the custom resources that need their CRDs and the
-Cloudflare token's Secret are rendered and validated but not applied yet (no chart is reachable to test a Helm
-release with; the token must not pass through a command line). Proxy injection into namespace ai is the
-inference role's (annotation `linkerd.io/inject: enabled` on it).
+applies, server-side and only when the cluster differs, the objects of built-in kinds (CoreDNS's ConfigMap,
+RuntimeClass nvidia, the device plugin's DaemonSet) and the custom resources (cert-manager's, Gateway API's,
+Envoy Gateway's), these once the cluster serves their kinds (their CRDs come with the charts). The Helm releases
+and the Cloudflare token's Secret are rendered and validated but not applied yet (no chart or helm is reachable
+to test a release with; the token must not pass through a command line, which the diff fact uses). Proxy
+injection into namespace ai is the inference role's (annotation `linkerd.io/inject: enabled` on it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ironserve.run import HostRun
 from roles.cluster_addons.render import (
     AddonsConfig,
     built_in_manifests,
+    custom_manifests,
     missing_keys,
     problems,
     service_port,
@@ -32,6 +34,7 @@ from roles.cluster_addons.render import (
 
 OBJECTS_DIR = "/etc/ironserve/kubernetes"
 BUILT_IN_OBJECTS = f"{OBJECTS_DIR}/cluster-addons.yaml"
+CUSTOM_OBJECTS = f"{OBJECTS_DIR}/cluster-addons-custom.yaml"
 
 
 def cluster_addons_deployable(config: AddonsConfig) -> None:
@@ -53,18 +56,19 @@ def cluster_addons(config: AddonsConfig, run: HostRun) -> None:
     if config.kubernetes.role != "control-plane":
         host.noop("cluster add-ons are applied from the control planes")
         return
-    objects = manifests.dump_all(built_in_manifests(config))
     frozen = config.clear_immutable
     owned_directory(name="Kubernetes objects directory", path=OBJECTS_DIR, clear_immutable=frozen)
-    owned_file(
-        name="Cluster add-ons' objects of built-in kinds (strictly validated)",
-        path=BUILT_IN_OBJECTS,
-        content=objects,
-        clear_immutable=frozen,
+    files = (
+        ("objects of built-in kinds", BUILT_IN_OBJECTS, built_in_manifests(config)),
+        ("custom resources", CUSTOM_OBJECTS, custom_manifests(config, service_port(config))),
     )
-    objects_applied(
-        name="Cluster add-ons' objects applied (server-side, field manager ironserve)",
-        path=BUILT_IN_OBJECTS,
-        objects=objects,
-        kubeconfig=ADMIN_KUBECONFIG,
-    )
+    for what, path, objects in files:
+        content = manifests.dump_all(objects)
+        written = f"Cluster add-ons' {what} (strictly validated)"
+        owned_file(name=written, path=path, content=content, clear_immutable=frozen)
+        objects_applied(
+            name=f"Cluster add-ons' {what} applied (server-side, field manager ironserve)",
+            path=path,
+            objects=content,
+            kubeconfig=ADMIN_KUBECONFIG,
+        )

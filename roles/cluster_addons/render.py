@@ -404,9 +404,15 @@ def built_in_manifests(config: AddonsConfig) -> list[Manifest]:
     return [coredns_configmap(config), *device_plugin_manifests(config)]
 
 
+def custom_manifests(config: AddonsConfig, service_port: int) -> list[Manifest]:
+    """The custom resources (cert-manager's, Gateway API's, Envoy Gateway's): their kinds are served once the
+    charts installed their CRDs."""
+    return [*certificate_manifests(config), *gateway_manifests(config, service_port)]
+
+
 def manifests_of(config: AddonsConfig, service_port: int) -> list[Manifest]:
     """Every object but the token's Secret, in apply order (CoreDNS, device plugin, certificates, gateway)."""
-    return [*built_in_manifests(config), *certificate_manifests(config), *gateway_manifests(config, service_port)]
+    return [*built_in_manifests(config), *custom_manifests(config, service_port)]
 
 
 def problems(

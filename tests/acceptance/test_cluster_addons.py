@@ -1,10 +1,14 @@
-"""Acceptance: roles/cluster_addons (catalog areas dns and kubernetes), read from the cluster itself on a control
-plane, with kubeadm's admin kubeconfig and the host's kubectl: the objects the deploy applies are in force as
-rendered, CoreDNS is the cluster's DNS and runs the rendered Corefile, the device plugin's DaemonSet runs on
-RuntimeClass nvidia, and no DaemonSet resets GPUs (each node's own GPUs: tests/acceptance/test_kubernetes.py).
+"""Acceptance: roles/cluster_addons (catalog areas dns, kubernetes, certificates, ingress), read from the cluster
+itself on a control plane, with kubeadm's admin kubeconfig and the host's kubectl: the objects the deploy applies
+are in force as rendered, CoreDNS is the cluster's DNS and runs the rendered Corefile, the device plugin's
+DaemonSet runs on RuntimeClass nvidia, and no DaemonSet resets GPUs (each node's own GPUs:
+tests/acceptance/test_kubernetes.py).
 
-Workers skip: the cluster is read once, from a control plane. The custom resources (Gateway API, cert-manager) and
-the Helm releases are not applied by this role yet, so their ids are waived (waivers.yaml) rather than read here.
+The custom resources (cert-manager's, Gateway API's, Envoy Gateway's) are read as the cluster has them: the
+ClusterIssuer on Let's Encrypt by Cloudflare DNS01 with the token's Secret, the Certificate into tls-secret, the
+Gateway terminating TLS with it, the client policy's HTTP/2 and stream idle timeout. Workers skip: the cluster is
+read once, from a control plane. What needs the add-ons running (cilium's status, linkerd check, an issued
+certificate, DNS latency) is waived (waivers.yaml) with what a site runs instead.
 """
 
 from __future__ import annotations
@@ -112,3 +116,76 @@ def test_no_daemonset_resets_a_gpu(kubectl: Any, observe: Any) -> None:
                 resets.append(f"{daemonset['metadata']['namespace']}/{daemonset['metadata']['name']}: {command}")
     observe(resets)
     assert resets == []
+
+
+# --- the custom resources, served once the charts installed their CRDs ------------------------------------------
+
+
+def in_cluster(kubectl: Any, config: StackConfig, kind: str, name: str) -> dict[str, Any]:
+    """The custom resource `kind`/`name` the role renders, as the cluster has it (kubectl's kind.version.group)."""
+    [rendered] = [
+        o
+        for o in render.custom_manifests(config, render.service_port(config))
+        if (o["kind"], o["metadata"]["name"]) == (kind, name)
+    ]
+    group, version = rendered["apiVersion"].split("/")
+    namespace = rendered["metadata"].get("namespace")
+    scope = ("-n", namespace) if namespace else ()
+    found: dict[str, Any] = kubectl(*scope, "get", f"{kind.lower()}.{version}.{group}", name, "-o", "json")
+    return found
+
+
+def test_the_custom_resources_are_in_force_as_rendered(host: Any, config: StackConfig, observe: Any) -> None:
+    fact = KubectlDiff()
+    objects = manifests.dump_all(render.custom_manifests(config, render.service_port(config)))
+    diff = fact.process(host.run(fact.command(objects=objects, kubeconfig=ADMIN_KUBECONFIG)).stdout.splitlines())
+    observe(diff)
+    assert diff is not None and (diff.status, diff.stderr) == (0, "")
+
+
+@pytest.mark.invariant("cert-manager-dns01-cloudflare")
+def test_the_cluster_issuer_is_lets_encrypt_by_dns01_on_cloudflare(
+    kubectl: Any, config: StackConfig, observe: Any
+) -> None:
+    acme = in_cluster(kubectl, config, "ClusterIssuer", render.CLUSTER_ISSUER)["spec"]["acme"]
+    observe({"server": acme["server"], "solvers": [sorted(s.get("dns01", {})) for s in acme["solvers"]]})
+    assert acme["server"] == config.cluster_addons.acme_server
+    assert [list(s["dns01"]) for s in acme["solvers"]] == [["cloudflare"]]
+
+
+@pytest.mark.invariant("cert-cloudflare-token-secret")
+def test_the_cluster_issuer_reads_the_cloudflare_token_secret(kubectl: Any, config: StackConfig, observe: Any) -> None:
+    acme = in_cluster(kubectl, config, "ClusterIssuer", render.CLUSTER_ISSUER)["spec"]["acme"]
+    refs = [s["dns01"]["cloudflare"]["apiTokenSecretRef"] for s in acme["solvers"]]
+    observe(refs)
+    assert refs == [{"name": render.CLOUDFLARE_SECRET, "key": render.CLOUDFLARE_SECRET_KEY}]
+
+
+@pytest.mark.invariant("cert-ingress-tls-secret")
+def test_the_certificate_is_issued_into_tls_secret_by_the_cluster_issuer(
+    kubectl: Any, config: StackConfig, observe: Any
+) -> None:
+    spec = in_cluster(kubectl, config, "Certificate", render.TLS_SECRET)["spec"]
+    observe({"secretName": spec["secretName"], "issuerRef": spec["issuerRef"]})
+    assert spec["secretName"] == render.TLS_SECRET
+    assert (spec["issuerRef"]["kind"], spec["issuerRef"]["name"]) == ("ClusterIssuer", render.CLUSTER_ISSUER)
+
+
+@pytest.mark.invariant("ingress-tls-secret")
+def test_the_gateways_https_listener_terminates_with_tls_secret(
+    kubectl: Any, config: StackConfig, observe: Any
+) -> None:
+    listeners = in_cluster(kubectl, config, "Gateway", render.GATEWAY)["spec"]["listeners"]
+    refs = {listener["name"]: [r["name"] for r in listener["tls"]["certificateRefs"]] for listener in listeners}
+    observe(refs)
+    assert refs == {render.HTTPS_LISTENER: [render.TLS_SECRET]}
+
+
+@pytest.mark.invariant("ingress-envoy-http2", "ingress-envoy-stream-idle-timeout")
+def test_the_client_policy_offers_http2_and_keeps_idle_streams_300_s(
+    kubectl: Any, config: StackConfig, observe: Any
+) -> None:
+    spec = in_cluster(kubectl, config, "ClientTrafficPolicy", f"{render.GATEWAY}-clients")["spec"]
+    observe({"alpn": spec["tls"]["alpnProtocols"], "timeout": spec["timeout"]})
+    assert spec["tls"]["alpnProtocols"][0] == "h2"
+    assert spec["timeout"]["http"]["streamIdleTimeout"] == f"{config.cluster_addons.stream_idle_timeout_s}s"

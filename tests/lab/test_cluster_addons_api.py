@@ -57,15 +57,17 @@ class Site:
 @pytest.fixture(scope="module")
 def site(kubernetes_api_host: ClusterHost, tmp_path_factory: pytest.TempPathFactory) -> Site:
     """The control plane's host as a site's: kubectl and the admin kubeconfig, CoreDNS from kubeadm, the
-    namespaces the charts would create (helm --create-namespace), the token's Secret; then the first deploy."""
+    namespaces the charts and the inference role would create, the token's Secret; then the first deploy."""
     host, plane = kubernetes_api_host.host, kubernetes_api_host.plane
     kubernetes_control_plane.install_admin_client(host, plane)
     kubernetes_control_plane.kubeadm_coredns(plane)
-    for name in sorted({o["metadata"]["namespace"] for o in built_in() if o["metadata"].get("namespace")}):
+    objects = [*render.manifests_of(CONFIG, PORT), render.cloudflare_token_secret(TOKEN)]
+    for name in sorted({o["metadata"]["namespace"] for o in objects if o["metadata"].get("namespace")}):
         plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"a": "b"}}})
     plane.apply(render.cloudflare_token_secret(TOKEN))
     inventory = str(inventory_with(tmp_path_factory.mktemp("site"), host, SITE))
-    return Site(host, plane, inventory, deploy([host], inventory=inventory, roles=ROLES))
+    first = deploy([host], inventory=inventory, roles=ROLES, pyinfra_args=("-v",))  # -v: the noop messages too
+    return Site(host, plane, inventory, first)
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +75,16 @@ def applied(site: Site) -> ControlPlane:
     return site.plane
 
 
+# The custom resources' checks need their kinds served. The lab's API server cannot serve them: built with Debian
+# 12's Go 1.19, its json-iterator/reflect2 (written for older Go) faults (SIGSEGV in a map iteration) on the
+# server-side dry run of a custom resource, which kubectl diff makes; so the lab's gate leaves those tests out.
+WITHOUT_CUSTOM_RESOURCES = (
+    "not custom_resources and not cluster_issuer and not certificate_is and not gateways_https and not client_policy"
+)
+
+
 def gate(site: Site) -> subprocess.CompletedProcess[str]:
-    return verify([site.host], "-q", "-rfEs", roles=ROLES, inventory=site.inventory)
+    return verify([site.host], "-q", "-rfEs", "-k", WITHOUT_CUSTOM_RESOURCES, roles=ROLES, inventory=site.inventory)
 
 
 def corefile_managers(plane: ControlPlane) -> dict[str, str]:
@@ -93,6 +103,21 @@ def test_the_deploy_applies_the_built_in_objects_with_kubectl_on_the_control_pla
     assert corefile_managers(site.plane) == {"ironserve": "Apply"}  # kubeadm's Corefile taken over by the apply
     for obj in render.built_in_manifests(CONFIG):
         assert site.plane.request("GET", site.plane.resource_path(obj))["metadata"]["name"] == obj["metadata"]["name"]
+
+
+def test_without_their_crds_the_custom_resources_wait_and_the_host_says_for_what(site: Site) -> None:
+    """The cluster serves none of their kinds (no chart installed their CRDs): the deploy applies nothing of them,
+    names every kind it waits for, and does not fail."""
+    waiting = ", ".join(f"{o['apiVersion']} {o['kind']}" for o in render.custom_manifests(CONFIG, PORT))
+    assert f"cluster-addons-custom.yaml: not applied, the cluster does not serve {waiting} yet" in site.first.output
+
+
+def test_the_custom_resources_have_no_kind_without_their_crds(applied: ControlPlane) -> None:
+    custom = [o for o in render.manifests_of(CONFIG, PORT) if o["apiVersion"] not in BUILT_IN]
+    assert {o["kind"] for o in custom} >= {"ClusterIssuer", "Certificate", "Gateway", "HTTPRoute"}
+    for obj in custom:  # discovery has no such group (404) or no such kind in it
+        with pytest.raises((LookupError, urllib.error.HTTPError), match=r"404|no kind|serves"):
+            applied.resource_path(obj)
 
 
 def test_re_runs_settle_to_zero_changes(site: Site) -> None:
@@ -157,11 +182,3 @@ def test_a_second_apply_writes_nothing_the_token_secret_included(applied: Contro
         applied.apply(obj)
     for path, old in before.items():
         assert applied.request("GET", path)["metadata"]["resourceVersion"] == old["metadata"]["resourceVersion"], path
-
-
-def test_the_custom_resources_have_no_kind_without_their_crds(applied: ControlPlane) -> None:
-    custom = [o for o in render.manifests_of(CONFIG, PORT) if o["apiVersion"] not in BUILT_IN]
-    assert {o["kind"] for o in custom} >= {"ClusterIssuer", "Certificate", "Gateway", "HTTPRoute"}
-    for obj in custom:  # discovery has no such group (404) or no such kind in it
-        with pytest.raises((LookupError, urllib.error.HTTPError), match=r"404|no kind|serves"):
-            applied.resource_path(obj)
