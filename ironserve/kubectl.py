@@ -110,12 +110,8 @@ def objects_applied(path: str, objects: str, kubeconfig: str) -> Commands:
     resource whose CRD comes with a chart not installed yet): the host says which."""
     wanted = kinds_of(objects)
     served = read(ServedKinds, api_versions=list(wanted), kubeconfig=kubeconfig)
-    missing = [
-        f"{version} {kind}"
-        for version, kinds in wanted.items()
-        for kind in kinds
-        if served is not None and served.get(version) is not None and kind not in (served[version] or [])
-    ]
+    known = {version: kinds for version, kinds in (served or {}).items() if kinds is not None}
+    missing = [f"{v} {kind}" for v, kinds in wanted.items() if v in known for kind in kinds if kind not in known[v]]
     if missing:
         host.noop(f"{path}: not applied, the cluster does not serve {', '.join(missing)} yet")
         return

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from ironserve.kubectl import ADMIN_KUBECONFIG
+from ironserve import manifests
+from ironserve.kubectl import ADMIN_KUBECONFIG, KubectlDiff, ObjectsDiff
 from roles import StackConfig
 
 # Worst first: one failing test makes the invariant fail on that host.
@@ -62,6 +63,19 @@ def kubectl(host: Any) -> Any:
         argv = ("kubectl", "--kubeconfig", ADMIN_KUBECONFIG, "--request-timeout=20s", *args)
         output = host.check_output(" ".join(shlex.quote(a) for a in argv))
         return json.loads(output) if args[-2:] == ("-o", "json") else output
+
+    return run
+
+
+@pytest.fixture
+def cluster_diff(host: Any) -> Any:
+    """`cluster_diff(objects)`: the deploy's own KubectlDiff fact run on the host for those objects (a list), as
+    the cluster's admin: what a server-side apply of them would change now (None without the admin kubeconfig)."""
+
+    def run(objects: list[dict[str, Any]]) -> ObjectsDiff | None:
+        fact = KubectlDiff()
+        result = host.run(fact.command(objects=manifests.dump_all(objects), kubeconfig=ADMIN_KUBECONFIG))
+        return fact.process(result.stdout.splitlines())
 
     return run
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from ironserve import manifests
-from ironserve.kubectl import ADMIN_KUBECONFIG, KubectlDiff
+from ironserve.kubectl import ADMIN_KUBECONFIG
 from roles import StackConfig
 from roles.cluster_addons import corefile, render
 
@@ -37,12 +36,9 @@ def in_force_corefile(kubectl: Any) -> str:
 
 
 @pytest.mark.invariant("dns-coredns", "k8s-nvidia-device-plugin")
-def test_the_add_ons_objects_are_in_force_as_rendered(host: Any, config: StackConfig, observe: Any) -> None:
+def test_the_add_ons_objects_are_in_force_as_rendered(cluster_diff: Any, config: StackConfig, observe: Any) -> None:
     # kubectl's server-side diff of what the deploy renders now: any field another manager changed shows.
-    fact = KubectlDiff()
-    objects = manifests.dump_all(render.built_in_manifests(config))
-    result = host.run(fact.command(objects=objects, kubeconfig=ADMIN_KUBECONFIG))
-    diff = fact.process(result.stdout.splitlines())
+    diff = cluster_diff(render.built_in_manifests(config))
     observe(diff)
     assert diff is not None, f"no {ADMIN_KUBECONFIG} on this control plane"
     assert (diff.status, diff.stderr) == (0, "")
@@ -135,10 +131,8 @@ def in_cluster(kubectl: Any, config: StackConfig, kind: str, name: str) -> dict[
     return found
 
 
-def test_the_custom_resources_are_in_force_as_rendered(host: Any, config: StackConfig, observe: Any) -> None:
-    fact = KubectlDiff()
-    objects = manifests.dump_all(render.custom_manifests(config, render.service_port(config)))
-    diff = fact.process(host.run(fact.command(objects=objects, kubeconfig=ADMIN_KUBECONFIG)).stdout.splitlines())
+def test_the_custom_resources_are_in_force_as_rendered(cluster_diff: Any, config: StackConfig, observe: Any) -> None:
+    diff = cluster_diff(render.custom_manifests(config, render.service_port(config)))
     observe(diff)
     assert diff is not None and (diff.status, diff.stderr) == (0, "")
 

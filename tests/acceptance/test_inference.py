@@ -20,7 +20,7 @@ from ironserve_service.kube_objects import CONTAINER, SCALER_ACCOUNT, deployment
 from ironserve_service.settings import COLOURS
 
 from ironserve import manifests
-from ironserve.kubectl import ADMIN_KUBECONFIG, KubectlDiff
+from ironserve.kubectl import ADMIN_KUBECONFIG
 from roles import StackConfig
 from roles.inference import KUBERNETES_OBJECTS
 from roles.inference.facts import ModelStore
@@ -404,11 +404,9 @@ def _colours_in_cluster(kubectl: Any, config: StackConfig) -> dict[str, dict[str
 
 @pytest.mark.invariant("k8s-ai-service-objects")
 def test_kubernetes_mode_cluster_has_the_services_objects_as_rendered(
-    host: Any, config: StackConfig, control_plane: None, observe: Any
+    cluster_diff: Any, config: StackConfig, control_plane: None, observe: Any
 ) -> None:
-    fact = KubectlDiff()
-    result = host.run(fact.command(objects=manifests.dump_all(deploy_objects(config)), kubeconfig=ADMIN_KUBECONFIG))
-    diff = fact.process(result.stdout.splitlines())
+    diff = cluster_diff(deploy_objects(config))
     observe(diff)
     assert diff is not None and (diff.status, diff.stderr) == (0, "")
 

@@ -35,7 +35,7 @@ from ironserve_service.scaler import Scaler
 from ironserve_service.settings import ServiceSettings
 
 from ironserve import manifests
-from ironserve.kubectl import KubectlDiff, ObjectsDiff, objects_applied
+from ironserve.kubectl import KubectlDiff, ObjectsDiff, ServedKinds, kinds_of, objects_applied
 from ironserve.lab import kubernetes_control_plane
 from ironserve.lab.deploying import verify
 from ironserve.lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane, service_account_user, wait_for
@@ -310,7 +310,14 @@ def test_a_widened_role_is_found_by_the_diff_and_the_deploys_apply_restores_it(a
     assert diff is not None and diff.status == 1, diff
     objects_file = Path(tempfile.mkdtemp()) / "ai-service.yaml"
     objects_file.write_text(objects)
-    host = FakeHost({fact_key(KubectlDiff, (), {"objects": objects, "kubeconfig": kubeconfig}): diff})
+    versions = list(kinds_of(objects))
+    served_fact = ServedKinds()
+    served_run = _run_on_this_machine(served_fact.command(versions, kubeconfig), applied)
+    served = served_fact.process(served_run.stdout.splitlines())  # the real discovery: every kind is served
+    host = FakeHost({
+        fact_key(ServedKinds, (), {"api_versions": versions, "kubeconfig": kubeconfig}): served,
+        fact_key(KubectlDiff, (), {"objects": objects, "kubeconfig": kubeconfig}): diff,
+    })  # fmt: skip
     [command] = run_operation(objects_applied, host, path=str(objects_file), objects=objects, kubeconfig=kubeconfig)
     result = _run_on_this_machine(str(command), applied)
     assert result.returncode == 0, result.stderr
