@@ -8,7 +8,9 @@ measured by tests/lab/test_inference_deploy.py.
 
 Usage: python benchmarks/converge.py [--sizes 1 4 16] [--runs 5]
 Starts and stops its own lab hosts (others keep running); 16 container hosts need about 20 MiB each. The lab
-hosts share this machine's cores with the controller: a fleet's figures here include that contention.
+hosts share this machine's cores with the controller: a fleet's figures here include that contention, so each run
+also prints the CPU time the whole machine spent on it (controller, SSH and the hosts' commands, from /proc/stat)
+and the floor that sets: that time over the machine's cores, the least wall time the same work can take here.
 Figures only; no assertions.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,12 +42,25 @@ class Run:
     seconds: float
     changed: int
     figures: dict[str, Any]
+    cpu_seconds: float  # the whole machine's busy CPU time during the run, all cores added up
+
+
+def busy_cpu_seconds(proc_stat: str) -> float:
+    """Pure: the busy time of all CPUs from /proc/stat's first line (user nice system idle iowait irq softirq
+    steal ..., in USER_HZ ticks: proc(5)); idle and iowait are not busy."""
+    ticks = [int(field) for field in proc_stat.splitlines()[0].split()[1:]]
+    idle, iowait = ticks[3], ticks[4]
+    return (sum(ticks[:8]) - idle - iowait) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> float:
+    return busy_cpu_seconds(Path("/proc/stat").read_text())
 
 
 def counted_deploy(hosts: list[LabHost]) -> Run:
     limits = [arg for host in hosts for arg in ("--limit", host.name)]
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        started = time.monotonic()
+        started, busy = time.monotonic(), machine_busy()
         result = subprocess.run(
             [sys.executable, str(COUNTED), report.name, *limits, "--roles", ",".join(HOST_ROLES), "inventory/lab.py"],
             cwd=REPO_ROOT,
@@ -52,13 +68,13 @@ def counted_deploy(hosts: list[LabHost]) -> Run:
             text=True,
             timeout=3600,
         )
-        seconds = time.monotonic() - started
+        seconds, cpu_seconds = time.monotonic() - started, machine_busy() - busy
         output = ANSI.sub("", result.stdout + result.stderr)
         match = GRAND_TOTAL.search(output)
         if result.returncode or not match:
             raise SystemExit(output)
         changed = 0 if match.group(2) == "-" else int(match.group(2))
-        return Run(seconds, changed, json.loads(Path(report.name).read_text()))
+        return Run(seconds, changed, json.loads(Path(report.name).read_text()), cpu_seconds)
 
 
 def role_table(title: str, run: Run, hosts: int) -> str:
@@ -83,11 +99,14 @@ def measure(size: int, runs: int) -> str:
         first = counted_deploy(hosts)
         again = [counted_deploy(hosts) for _ in range(runs)]
         noop = [run.seconds for run in again]
-        head = (
-            f"{size:>5} {lab_up:>9.1f} {first.seconds:>15.1f} {statistics.median(noop):>11.2f} "
-            f"{min(noop):>6.2f} {max(noop):>6.2f} {sum(run.changed for run in again):>13}"
-        )
         median_run = sorted(again, key=lambda run: run.seconds)[len(again) // 2]
+        cores = os.cpu_count() or 1
+        head = (
+            f"{size:>5} {lab_up:>9.1f} {first.seconds:>15.1f} {first.cpu_seconds:>10.1f} "
+            f"{first.cpu_seconds / cores:>8.1f} {statistics.median(noop):>11.2f} {min(noop):>6.2f} {max(noop):>6.2f} "
+            f"{median_run.cpu_seconds:>10.2f} {median_run.cpu_seconds / cores:>8.2f} "
+            f"{sum(run.changed for run in again):>13}"
+        )
         return "\n".join(
             [head, role_table("first deploy", first, size), role_table("no-op (median)", median_run, size)]
         )
@@ -100,8 +119,12 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--runs", type=int, default=5, help="no-op re-runs per size (their median is printed)")
     options = parser.parse_args()
-    columns = ("hosts", 5), ("lab up s", 9), ("first deploy s", 15), ("no-op med s", 11), ("min", 6), ("max", 6)
-    print(" ".join(f"{name:>{width}}" for name, width in columns), f"{'no-op changes':>13}")
+    columns = (
+        ("hosts", 5), ("lab up s", 9), ("first deploy s", 15), ("cpu s", 10), ("floor s", 8),
+        ("no-op med s", 11), ("min", 6), ("max", 6), ("cpu s", 10), ("floor s", 8), ("no-op changes", 13),
+    )  # fmt: skip
+    print(" ".join(f"{name:>{width}}" for name, width in columns))
+    print(f"(cpu s: the machine's busy CPU time during the run; floor s: cpu s over its {os.cpu_count()} cores)")
     for size in options.sizes:
         print(measure(size, options.runs), flush=True)
 

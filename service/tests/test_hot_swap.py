@@ -7,6 +7,7 @@ a version that fails readiness, etcd down, then the active instance SIGKILLed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -448,35 +449,65 @@ def test_a_failed_release_check_refuses_the_swap(stack: Stack) -> None:
 
 
 # Phases of a few hundred requests, so that the P99 is not one straggler (with ~110 requests a phase it moved
-# between -7 % and +407 % here); stress-ng's workers outnumber the cores four to one, so the pressure takes CPU from
-# the CPU engine on any machine.
+# between -7 % and +407 % here).
 CHAOS = {"enabled": True, "users": 8, "warmup_s": 5, "load_s": 20, "settle_s": 2, "min_requests": 100,
          "vm_workers": 4 * (os.cpu_count() or 1), "vm_bytes": "128M"}  # fmt: skip
+# The engine's stall while stress-ng runs: frozen this long, then running as long, over and over.
+STALL_S = 0.4
+
+
+@contextlib.contextmanager
+def engine_stalled_while_stressed(stack: Stack, colour: Colour) -> Iterator[list[float]]:
+    """While stress-ng runs, `colour`'s engine (vLLM's process group) is stopped for STALL_S of every 2 * STALL_S
+    (SIGSTOP, SIGCONT), a slowdown its P99 must show; yields the stalls' start times.
+
+    stress-ng alone does not move a CPU engine's P99 predictably here: without a slice it runs in a session of its
+    own, which the kernel's autogroup scheduling (sched(7)) gives one share of the CPUs beside the engine's session,
+    and its busy workers keep this VM's vCPUs from idling, which speeds up the engine's wake-ups. Its P99 moved
+    -24 %, +0 %, +6 % (CI), +52 %, +57 %, +69 % and +77 % in runs of this test."""
+    done, stalls = threading.Event(), []
+
+    def stall() -> None:
+        while not done.is_set() and not stress_processes():
+            time.sleep(0.02)
+        while not done.is_set() and stress_processes():
+            launcher = stack.launcher_pid(colour)
+            engine = engine_pid(launcher) if launcher else None
+            if engine is None:
+                time.sleep(0.02)
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(engine, signal.SIGSTOP)
+                stalls.append(time.time())
+                try:
+                    done.wait(STALL_S)
+                finally:
+                    os.killpg(engine, signal.SIGCONT)
+            done.wait(STALL_S)
+
+    staller = threading.Thread(target=stall, daemon=True)
+    staller.start()
+    try:
+        yield stalls
+    finally:
+        done.set()
+        staller.join(timeout=5)
 
 
 @pytest.mark.invariant("rel-chaos-p99-gate", "rel-chaos-memory-pressure", "rel-locust-load-test")
 def test_a_p99_that_moves_under_memory_pressure_refuses_the_swap(stack: Stack) -> None:
-    """locust on the candidate, then again under stress-ng: the P99 rises by more than 15 %, so the swap stops
-    before the etcd write, the candidate is stopped and the serving colour keeps all traffic."""
-    for attempt in (1, 2):
-        before = etcd_values(stack)
-        serving = next(c for c in COLOURS if stack.launcher_pid(c) is not None)
-        target = "v1" if before[stack.settings.swap.active_key] == "v2" else "v2"
-        lines: list[str] = []
+    """locust on the candidate, then again under stress-ng with the candidate's engine stalling: the P99 rises by
+    more than 15 %, so the swap stops before the etcd write, the candidate is stopped and the serving colour keeps
+    all traffic."""
+    before = etcd_values(stack)
+    serving = next(c for c in COLOURS if stack.launcher_pid(c) is not None)
+    target = "v1" if before[stack.settings.swap.active_key] == "v2" else "v2"
+    lines: list[str] = []
+    with engine_stalled_while_stressed(stack, swap.other(serving)) as stalls:
         result = swap.swap(stack.settings.model_copy(update={"chaos": ChaosSettings(**CHAOS)}), "qwen2-7b", target,
                            log=lines.append)  # fmt: skip
-        chaos_lines = "\n".join(line for line in lines if "load-chaos" in line)
-        print(f"\n{chaos_lines}\n{result.detail}")
-        # A passed gate names its figures in its log line, a refused one in the detail.
-        change = re.search(r"under stress-ng \(([+-]?\d+)%", f"{chaos_lines}\n{result.detail}")
-        if attempt == 1 and result.ok and change and int(change.group(1)) <= 0:
-            # The baseline was the slower phase (a stall on the shared 2-core host; seen once: 360 ms baseline,
-            # 280 ms under stress-ng): nothing was measured about the pressure. Undo the swap, measure again.
-            print(f"attempt 1 inconclusive ({change.group(1)}% under stress-ng): swapping back, measuring again")
-            back = swap.swap(stack.settings, "qwen2-7b", before[stack.settings.swap.active_key])
-            assert back.ok, back
-            continue
-        break
+    print("\n" + "\n".join(line for line in lines if "load-chaos" in line) + f"\n{result.detail}\n{len(stalls)} stalls")
+    assert stalls, "the candidate's engine was never stalled: stress-ng did not run"
     assert not result.ok and result.gate == "load-chaos", result
     assert re.search(r"ms under stress-ng \(\+\d+%, allowed \+15%", result.detail), result.detail
     assert "key untouched, new instance stopped" in result.detail
