@@ -132,7 +132,9 @@ def main() -> None:
     parser.add_argument("--bench-prompts", type=int, default=100, help="prompts per `vllm bench serve` run")
     parser.add_argument("--samples", type=int, default=200, help="requests per path for Envoy's added latency")
     parser.add_argument("--nice", type=int, default=0, help="nice value of the stack's processes and of swap's (and so "
-                        "of the engines it starts); not of the load generator")  # fmt: skip
+                        "of the engines it starts); not of the load generator. Where the kernel schedules by "
+                        "autogroup (kernel.sched_autogroup_enabled), it ranks a process only within its session, "
+                        "and each engine has a session of its own")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
