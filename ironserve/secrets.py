@@ -9,7 +9,8 @@
 - `private_file(path)`: a file on the admin machine that holds a secret: a regular file outside the
   repository, owned by the admin (or root), neither group- nor world-accessible (0600).
 - `secret_upload`: the pyinfra operation that installs such a file on a host as root:root 0600 without
-  ever showing its content (pyinfra's files.put prints both sides of a changed file with `--diff`).
+  ever showing its content (pyinfra's files.put prints both sides of a changed file with `--diff`);
+  `private_upload`, its commands that write a secret to a root-only file, for other operations.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import stat
 import unicodedata
 from collections.abc import Generator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
@@ -228,13 +229,7 @@ def secret_upload(src: str, dest: str) -> Commands:
     readable by anyone else, not even for a moment, then moved into place atomically. Refused under
     `_sudo`/`_su_user`/`_doas`/`_dzdo`: pyinfra would stage the content in a world-readable temporary file.
     """
-    arguments: Mapping[str, object] = host.current_op_global_arguments or {}
-    escalation = [name for name in PRIVILEGE_ARGUMENTS if arguments.get(name)]
-    if escalation:
-        raise OperationError(
-            f"{dest} holds a secret: not uploaded with {escalation[0]}, which stages files in a world-readable "
-            "temporary file; connect as root (ssh_user: root)"
-        )
+    refuse_escalation(dest)
     digest = hashlib.sha256(Path(src).read_bytes()).hexdigest()
     remote = read(File, path=dest)
     if remote and read(Sha256File, path=dest) == digest:
@@ -248,9 +243,28 @@ def secret_upload(src: str, dest: str) -> Commands:
         host.log(f"Will {'modify' if remote else 'create'} {dest}: a secret, content not shown")
     staged = f"{dest}.ironserve-new"
     yield StringCommand("mkdir", "-p", QuoteString(str(PurePosixPath(dest).parent)))
-    yield StringCommand(
-        "rm", "-f", QuoteString(staged), "&&", "umask", "077", "&&",
-        "install", "-m", "600", "-o", "root", "-g", "root", "/dev/null", QuoteString(staged),
-    )  # fmt: skip
-    yield FileUploadCommand(src, staged, remote_temp_filename=host.get_temp_filename(staged))
+    yield from private_upload(src, staged)
     yield StringCommand("mv", "-f", QuoteString(staged), QuoteString(dest))
+
+
+def refuse_escalation(dest: str) -> None:
+    """OperationError when the operation runs under `_sudo`/`_su_user`/`_doas`/`_dzdo`: pyinfra would stage the
+    secret for `dest` in a world-readable temporary file."""
+    arguments: Mapping[str, object] = host.current_op_global_arguments or {}
+    escalation = [name for name in PRIVILEGE_ARGUMENTS if arguments.get(name)]
+    if escalation:
+        raise OperationError(
+            f"{dest} holds a secret: not uploaded with {escalation[0]}, which stages files in a world-readable "
+            "temporary file; connect as root (ssh_user: root)"
+        )
+
+
+def private_upload(src: str | IO[bytes], path: str) -> Commands:
+    """The commands that write `src` (a file on this machine, or its bytes) to `path` as root:root 0600: created
+    empty with that mode first and filled over SFTP (which keeps an existing file's mode), so no one else can read
+    it, not even for a moment; the content is in no command."""
+    yield StringCommand(
+        "rm", "-f", QuoteString(path), "&&", "umask", "077", "&&",
+        "install", "-m", "600", "-o", "root", "-g", "root", "/dev/null", QuoteString(path),
+    )  # fmt: skip
+    yield FileUploadCommand(src, path, remote_temp_filename=host.get_temp_filename(path))

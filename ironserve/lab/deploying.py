@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ironserve.lab.state import LabHost
@@ -41,8 +43,10 @@ def deploy(
     inventory: str = "inventory/lab.py",
     roles: tuple[str, ...] = (),
     pyinfra_args: tuple[str, ...] = (),
+    environ: Mapping[str, str] | None = None,
 ) -> DeployResult:
-    """`ironserve deploy` of `inventory` to `hosts` only; `roles` narrows the run (default all roles)."""
+    """`ironserve deploy` of `inventory` to `hosts` only; `roles` narrows the run (default all roles); `environ`
+    adds to the deploy machine's environment (a token a role reads from it)."""
     only = ["--roles", ",".join(roles)] if roles else []
     result = subprocess.run(
         [sys.executable, "-m", "ironserve", "deploy", *_limits(hosts), *only, inventory, *pyinfra_args],
@@ -50,6 +54,7 @@ def deploy(
         capture_output=True,
         text=True,
         timeout=1800,
+        env={**os.environ, **(environ or {})},
     )
     output = ANSI.sub("", result.stdout + result.stderr)
     match = GRAND_TOTAL.search(output)

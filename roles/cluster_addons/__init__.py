@@ -7,24 +7,30 @@ Kubernetes objects) and `render.problems` validates all of it; `cluster_addons_d
 the inventory is loaded, so a misspelt field stops the deploy before any host is contacted. Each control plane
 applies, server-side and only when the cluster differs, the objects of built-in kinds (CoreDNS's ConfigMap,
 RuntimeClass nvidia, the device plugin's DaemonSet) and the custom resources (cert-manager's, Gateway API's,
-Envoy Gateway's), these once the cluster serves their kinds (their CRDs come with the charts). The Helm releases
-and the Cloudflare token's Secret are rendered and validated but not applied yet (no chart or helm is reachable
-to test a release with; the token must not pass through a command line, which the diff fact uses). Proxy
-injection into namespace ai is the inference role's (annotation `linkerd.io/inject: enabled` on it).
+Envoy Gateway's), these once the cluster serves their kinds (their CRDs come with the charts), and the
+Cloudflare token's Secret, its value read from the deploy machine's environment and compared by digest
+(`ironserve.kubectl.secret_applied`), once cert-manager's namespace exists. The Helm releases are rendered and
+validated but not applied yet (no chart or helm is reachable to test a release with). Proxy injection into
+namespace ai is the inference role's (annotation `linkerd.io/inject: enabled` on it).
 """
 
 from __future__ import annotations
+
+import os
 
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
 from ironserve import manifests
-from ironserve.kubectl import ADMIN_KUBECONFIG, objects_applied
+from ironserve.kubectl import ADMIN_KUBECONFIG, objects_applied, secret_applied
 from ironserve.owned import owned_directory, owned_file
 from ironserve.run import HostRun
 from roles.cluster_addons.render import (
+    CLOUDFLARE_SECRET_KEY,
     AddonsConfig,
     built_in_manifests,
+    cloudflare_token,
+    cloudflare_token_secret,
     custom_manifests,
     missing_keys,
     problems,
@@ -35,6 +41,8 @@ from roles.cluster_addons.render import (
 OBJECTS_DIR = "/etc/ironserve/kubernetes"
 BUILT_IN_OBJECTS = f"{OBJECTS_DIR}/cluster-addons.yaml"
 CUSTOM_OBJECTS = f"{OBJECTS_DIR}/cluster-addons-custom.yaml"
+# Holds the token only while its apply runs (root:root 0600; the apply's command removes it).
+TOKEN_SECRET_STAGED = f"{OBJECTS_DIR}/.cloudflare-api-token.yaml"
 
 
 def cluster_addons_deployable(config: AddonsConfig) -> None:
@@ -72,3 +80,14 @@ def cluster_addons(config: AddonsConfig, run: HostRun) -> None:
             objects=content,
             kubeconfig=ADMIN_KUBECONFIG,
         )
+    token_env = config.cluster_addons.cloudflare_token_env
+    if not os.environ.get(token_env):
+        host.noop(f"the Cloudflare token's Secret: not applied, ${token_env} is not set on this machine")
+        return
+    secret_applied(
+        name="Cluster add-ons' Cloudflare token Secret applied (compared by digest, value not shown)",
+        path=TOKEN_SECRET_STAGED,
+        secret=cloudflare_token_secret(cloudflare_token(config.cluster_addons)),
+        key=CLOUDFLARE_SECRET_KEY,
+        kubeconfig=ADMIN_KUBECONFIG,
+    )

@@ -179,8 +179,8 @@ class ClusterAddonsSettings(RoleSettings):
         alias="cluster_addons_cloudflare_token_env",
         pattern=ENV_NAME,
         description="cert-cloudflare-token-secret: the environment variable of the deploy machine holding the "
-        "Cloudflare API token (Zone:DNS:Edit) for Secret cert-manager/cloudflare-api-token (rendered and validated; "
-        "not applied by the deploy yet: create that Secret by hand, see What is not applied yet).",
+        "Cloudflare API token (Zone:DNS:Edit) put into Secret cert-manager/cloudflare-api-token; unset, the Secret "
+        "is left as the cluster has it.",
     )
     cloudflare_api_token: None = Field(
         None,

@@ -1,8 +1,9 @@
 """Acceptance: roles/cluster_addons (catalog areas dns, kubernetes, certificates, ingress), read from the cluster
 itself on a control plane, with kubeadm's admin kubeconfig and the host's kubectl: the objects the deploy applies
 are in force as rendered, CoreDNS is the cluster's DNS and runs the rendered Corefile, the device plugin's
-DaemonSet runs on RuntimeClass nvidia, and no DaemonSet resets GPUs (each node's own GPUs:
-tests/acceptance/test_kubernetes.py).
+DaemonSet runs on RuntimeClass nvidia, no DaemonSet resets GPUs (each node's own GPUs:
+tests/acceptance/test_kubernetes.py), and the Cloudflare token's Secret holds a token (its digest is read, never
+its value).
 
 The custom resources (cert-manager's, Gateway API's, Envoy Gateway's) are read as the cluster has them: the
 ClusterIssuer on Let's Encrypt by Cloudflare DNS01 with the token's Secret, the Certificate into tls-secret, the
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ironserve.kubectl import ADMIN_KUBECONFIG
+from ironserve.kubectl import ADMIN_KUBECONFIG, SecretKeyDigest
 from roles import StackConfig
 from roles.cluster_addons import corefile, render
 
@@ -153,6 +154,20 @@ def test_the_cluster_issuer_reads_the_cloudflare_token_secret(kubectl: Any, conf
     refs = [s["dns01"]["cloudflare"]["apiTokenSecretRef"] for s in acme["solvers"]]
     observe(refs)
     assert refs == [{"name": render.CLOUDFLARE_SECRET, "key": render.CLOUDFLARE_SECRET_KEY}]
+
+
+@pytest.mark.invariant("cert-cloudflare-token-secret")
+def test_the_cloudflare_token_secret_holds_an_api_token(host: Any, observe: Any) -> None:
+    """The Secret the ClusterIssuer reads holds a token, read as the deploy reads it: the digest of its value,
+    never the value."""
+    fact = SecretKeyDigest()
+    where = {"namespace": render.CERT_MANAGER_NAMESPACE, "secret": render.CLOUDFLARE_SECRET}
+    output = host.run(fact.command(**where, key=render.CLOUDFLARE_SECRET_KEY, kubeconfig=ADMIN_KUBECONFIG)).stdout
+    found = fact.process(output.splitlines())
+    observe(found)
+    assert found is not None, f"no {ADMIN_KUBECONFIG} on this control plane"
+    assert found.namespace_exists, f"namespace {render.CERT_MANAGER_NAMESPACE} does not exist (cert-manager's chart)"
+    assert found.digest is not None, f"{render.CLOUDFLARE_SECRET} holds no {render.CLOUDFLARE_SECRET_KEY}"
 
 
 @pytest.mark.invariant("cert-ingress-tls-secret")

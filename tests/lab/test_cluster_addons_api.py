@@ -6,14 +6,16 @@ fixture), from its container host made a control plane's host (the real kubectl 
   the RuntimeClass, the device plugin's DaemonSet) with kubectl on the host, and a second run changes nothing;
 - the real `ironserve verify` passes the role's cluster checks there (tests/acceptance/test_cluster_addons.py),
   fails them on a Corefile changed by hand, and passes again after the next deploy put it back;
-- the token's Secret (applied by the test: the deploy does not apply it yet) is stored as `data`, so a second
-  apply writes nothing; the custom resources (cert-manager, Gateway API, Envoy Gateway) have no kind on a server
-  without their CRDs, which is why they are validated against their projects' schemas
-  (tests/unit/test_cluster_addons_render.py) and wait for their charts.
+- the deploy applies the Cloudflare token's Secret from its environment, by digest: the token in no output and
+  no file left on the host, nothing written again, a rotated token applied once, an unset variable said;
+- the token's Secret is stored as `data`, so a second apply writes nothing; the custom resources (cert-manager,
+  Gateway API, Envoy Gateway) have no kind on a server without their CRDs, which is why they are validated
+  against their projects' schemas (tests/unit/test_cluster_addons_render.py) and wait for their charts.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -24,7 +26,7 @@ from typing import Any
 import pytest
 
 from ironserve.config import build_config
-from ironserve.lab import kubernetes_control_plane
+from ironserve.lab import kubernetes_control_plane, remote
 from ironserve.lab.deploying import DeployResult, deploy, verify
 from ironserve.lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane
 from ironserve.lab.state import LabHost
@@ -39,6 +41,8 @@ PORT = render.service_port(CONFIG)
 BUILT_IN = {"v1", "apps/v1", "node.k8s.io/v1"}
 ROLES = ("cluster_addons",)
 COREDNS_PATH = "/api/v1/namespaces/kube-system/configmaps/coredns"
+TOKEN_SECRET = render.cloudflare_token_secret(TOKEN)
+TOKEN_ENV = CONFIG.cluster_addons.cloudflare_token_env
 
 
 def built_in() -> list[dict[str, Any]]:
@@ -57,17 +61,28 @@ class Site:
 @pytest.fixture(scope="module")
 def site(kubernetes_api_host: ClusterHost, tmp_path_factory: pytest.TempPathFactory) -> Site:
     """The control plane's host as a site's: kubectl and the admin kubeconfig, CoreDNS from kubeadm, the
-    namespaces the charts and the inference role would create, the token's Secret; then the first deploy."""
+    namespaces the charts and the inference role would create; then the first deploy, with the token in its
+    environment."""
     host, plane = kubernetes_api_host.host, kubernetes_api_host.plane
     kubernetes_control_plane.install_admin_client(host, plane)
     kubernetes_control_plane.kubeadm_coredns(plane)
-    objects = [*render.manifests_of(CONFIG, PORT), render.cloudflare_token_secret(TOKEN)]
+    objects = [*render.manifests_of(CONFIG, PORT), TOKEN_SECRET]
     for name in sorted({o["metadata"]["namespace"] for o in objects if o["metadata"].get("namespace")}):
         plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"a": "b"}}})
-    plane.apply(render.cloudflare_token_secret(TOKEN))
     inventory = str(inventory_with(tmp_path_factory.mktemp("site"), host, SITE))
-    first = deploy([host], inventory=inventory, roles=ROLES, pyinfra_args=("-v",))  # -v: the noop messages too
+    first = deploy_with_token(host, inventory, TOKEN, "-v")  # -v: the noop messages too
     return Site(host, plane, inventory, first)
+
+
+def deploy_with_token(host: LabHost, inventory: str, token: str | None, *pyinfra_args: str) -> DeployResult:
+    """The real deploy of the role, `token` (None: none) in the deploy machine's environment."""
+    environ = {TOKEN_ENV: token or ""}
+    return deploy([host], inventory=inventory, roles=ROLES, pyinfra_args=pyinfra_args, environ=environ)
+
+
+def stored_token_secret(plane: ControlPlane) -> dict[str, Any]:
+    stored: dict[str, Any] = plane.request("GET", plane.resource_path(TOKEN_SECRET))
+    return stored
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +120,20 @@ def test_the_deploy_applies_the_built_in_objects_with_kubectl_on_the_control_pla
         assert site.plane.request("GET", site.plane.resource_path(obj))["metadata"]["name"] == obj["metadata"]["name"]
 
 
+def test_the_deploy_applies_the_token_secret_and_shows_the_token_nowhere(site: Site) -> None:
+    """From the deploy machine's environment into Secret cert-manager/cloudflare-api-token, as `data`, by the
+    field manager ironserve; neither the token nor its base64 form in the deploy's output (-v), and the file it
+    was applied from gone from the host."""
+    assert site.first.returncode == 0, site.first.output
+    stored = stored_token_secret(site.plane)
+    encoded = base64.b64encode(TOKEN.encode()).decode()
+    assert stored["data"] == {render.CLOUDFLARE_SECRET_KEY: encoded}
+    assert {entry["manager"] for entry in stored["metadata"]["managedFields"]} == {"ironserve"}
+    assert TOKEN not in site.first.output and encoded not in site.first.output
+    leftovers = remote.run(site.host, "ls -A /etc/ironserve/kubernetes").split()
+    assert ".cloudflare-api-token.yaml" not in leftovers, leftovers
+
+
 def test_without_their_crds_the_custom_resources_wait_and_the_host_says_for_what(site: Site) -> None:
     """The cluster serves none of their kinds (no chart installed their CRDs): the deploy applies nothing of them,
     names every kind it waits for, and does not fail."""
@@ -125,17 +154,34 @@ def test_re_runs_settle_to_zero_changes(site: Site) -> None:
     1.20.2 rewrites kubeadm's managedFields entry of the Corefile at the first apply after the take-over; so here the
     second run may apply once more, writing managedFields only, and the third changes nothing."""
     before = site.plane.request("GET", COREDNS_PATH)["data"]
-    second = deploy([site.host], inventory=site.inventory, roles=ROLES)
+    second = deploy_with_token(site.host, site.inventory, TOKEN)
     assert second.returncode == 0 and second.changed <= 1, second.output
     assert site.plane.request("GET", COREDNS_PATH)["data"] == before
-    third = deploy([site.host], inventory=site.inventory, roles=ROLES)
+    third = deploy_with_token(site.host, site.inventory, TOKEN)
     assert (third.returncode, third.changed) == (0, 0), third.output
+
+
+def test_a_rotated_token_is_applied_once_and_an_unset_one_is_said(site: Site) -> None:
+    """After the runs above settled: a new token in the environment differs by digest, so it is applied once, then
+    nothing; with the variable unset the host says so and the Secret keeps its value."""
+    rotated = f"{TOKEN}-rotated"
+    first = deploy_with_token(site.host, site.inventory, rotated)
+    assert (first.returncode, first.changed) == (0, 1), first.output
+    assert stored_token_secret(site.plane)["data"] == render.cloudflare_token_secret(rotated)["data"]
+    again = deploy_with_token(site.host, site.inventory, rotated)
+    assert (again.returncode, again.changed) == (0, 0), again.output
+    unset = deploy_with_token(site.host, site.inventory, None, "-v")
+    assert (unset.returncode, unset.changed) == (0, 0), unset.output
+    assert f"not applied, ${TOKEN_ENV} is not set on this machine" in unset.output
+    assert stored_token_secret(site.plane)["data"] == render.cloudflare_token_secret(rotated)["data"]
+    back = deploy_with_token(site.host, site.inventory, TOKEN)
+    assert (back.returncode, back.changed) == (0, 1), back.output
 
 
 def test_the_gate_passes_the_clusters_add_ons_on_the_control_plane(site: Site) -> None:
     result = gate(site)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"invariants on {site.host.name}: 7 pass, 0 fail, 0 skip" in result.stdout, result.stdout
+    assert f"invariants on {site.host.name}: 8 pass, 0 fail, 0 skip" in result.stdout, result.stdout
 
 
 def test_a_corefile_changed_by_hand_fails_the_gate_until_the_next_deploy(site: Site) -> None:
@@ -151,10 +197,10 @@ def test_a_corefile_changed_by_hand_fails_the_gate_until_the_next_deploy(site: S
     ):
         assert f"FAILED tests/acceptance/test_cluster_addons.py::{name}" in failed.stdout, failed.stdout
     assert "test_the_corefile_in_force_reloads_itself" not in failed.stdout  # its fact still holds
-    fixed = deploy([site.host], inventory=site.inventory, roles=ROLES)
+    fixed = deploy_with_token(site.host, site.inventory, TOKEN)
     assert (fixed.returncode, fixed.changed) == (0, 1), fixed.output
     assert site.plane.request("GET", COREDNS_PATH)["data"]["Corefile"] == rendered
-    settled = deploy([site.host], inventory=site.inventory, roles=ROLES)  # 1.20's managedFields rewrite, as above
+    settled = deploy_with_token(site.host, site.inventory, TOKEN)  # 1.20's managedFields rewrite, as above
     assert settled.returncode == 0 and settled.changed <= 1, settled.output
     passed = gate(site)
     assert passed.returncode == 0, passed.stdout

@@ -6,6 +6,7 @@ Each secret carries a unique sentinel; every text pyinfra or ironserve could sho
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from io import StringIO
@@ -20,10 +21,12 @@ from pyinfra.operations import files
 
 from ironserve import secrets
 from ironserve.config import ConfigError
+from ironserve.kubectl import ADMIN_KUBECONFIG, SecretKeyDigest, SecretKeyState, secret_applied
 from ironserve.lab.inference import REQUIREMENTS, model_versions
 from ironserve.paths import REPO_ROOT
 from ironserve.secrets import private_file, redact, redact_text, redact_value, secret_upload, userinfo_problem
 from roles import check_deployable, stack_config
+from roles.cluster_addons.render import cloudflare_token_secret
 from roles.nvidia import SOURCES_LIST, sources_line
 from roles.nvidia.settings import APT_AUTH, apt_auth_entries, machine_matches
 
@@ -31,7 +34,8 @@ MIRROR_SENTINEL = "s3ntinel-MIRROR-7a41"
 ETCD_SENTINEL = "s3ntinel-ETCD-2b93"
 IDRAC_SENTINEL = "s3ntinel-IDRAC-c0d8"
 INDEX_SENTINEL = "s3ntinel-INDEX-5e6f"
-SENTINELS = (MIRROR_SENTINEL, ETCD_SENTINEL, IDRAC_SENTINEL, INDEX_SENTINEL)
+TOKEN_SENTINEL = "s3ntinel-CLOUDFLARE-9d1e"
+SENTINELS = (MIRROR_SENTINEL, ETCD_SENTINEL, IDRAC_SENTINEL, INDEX_SENTINEL, TOKEN_SENTINEL)
 MIRROR = "https://mirror.example.internal/cuda/repos"
 INFERENCE = {
     "inference_pip_index_url": "https://pypi.example.internal/simple/",
@@ -404,3 +408,46 @@ def test_a_fingerprint_is_normalised() -> None:
 
 def test_secrets_module_names_the_helpers_config_uses() -> None:
     assert secrets.redact_value is redact_value and callable(secrets.private_file)
+
+
+# --- the Cloudflare token: from the deploy machine's environment into its Secret, by digest -------------------
+
+
+def token_host(found: SecretKeyState | None) -> LoggingHost:
+    where = {"namespace": "cert-manager", "secret": "cloudflare-api-token", "key": "api-token"}
+    return LoggingHost({fact_key(SecretKeyDigest, (), {**where, "kubeconfig": ADMIN_KUBECONFIG}): found})
+
+
+def test_the_token_reaches_the_host_only_inside_its_0600_upload(caplog: pytest.LogCaptureFixture) -> None:
+    """secret_applied with a token the cluster does not hold: no command, fact argument, noop or log line carries
+    the token or its base64 form; the upload's content does, into a file made 0600 first and removed by the apply."""
+    secret = cloudflare_token_secret(TOKEN_SENTINEL)
+    encoded = secret["data"]["api-token"]
+    path = "/etc/ironserve/kubernetes/.cloudflare-api-token.yaml"
+    host = token_host(SecretKeyState(namespace_exists=True, digest="0" * 64))
+    with caplog.at_level(logging.DEBUG):
+        commands = run_operation(
+            secret_applied, host, diffing(), path=path, secret=secret, key="api-token", kubeconfig=ADMIN_KUBECONFIG
+        )
+    prepare, upload, apply = commands
+    assert prepare.endswith(f"install -m 600 -o root -g root /dev/null {path}")
+    assert upload["upload"] == path and encoded in upload["content"]
+    assert apply.endswith(f"rm -f {path}; exit $status")
+    fact_command = SecretKeyDigest().command(
+        namespace="cert-manager", secret="cloudflare-api-token", key="api-token", kubeconfig=ADMIN_KUBECONFIG
+    )
+    said = [prepare, apply, fact_command, *host.noops, *host.logged, caplog.text]
+    assert not [text for text in said if TOKEN_SENTINEL in text or encoded in text]
+
+
+def test_the_token_is_compared_by_digest_and_refused_under_sudo() -> None:
+    secret = cloudflare_token_secret(TOKEN_SENTINEL)
+    digest = hashlib.sha256(secret["data"]["api-token"].encode()).hexdigest()
+    kwargs = {"path": "/tmp/t.yaml", "secret": secret, "key": "api-token", "kubeconfig": ADMIN_KUBECONFIG}
+    same = token_host(SecretKeyState(namespace_exists=True, digest=digest))
+    assert run_operation(secret_applied, same, **kwargs) == []
+    assert same.noops == ["Secret cert-manager/cloudflare-api-token holds the rendered api-token (compared by digest)"]
+    escalated = token_host(SecretKeyState(namespace_exists=True, digest=None))
+    escalated.current_op_global_arguments = {"_sudo": True}
+    with pytest.raises(OperationError, match="not uploaded with _sudo"):
+        run_operation(secret_applied, escalated, **kwargs)
