@@ -46,6 +46,14 @@ if [ ! -e "$stamp" ]; then
   rm -f "$VENV"/.ironserve-*
   touch "$stamp"
 fi
+# The editable installs name one checkout: a venv built from another (a clean clone beside the developer's) would
+# import that one's ironserve and service code. Point them at this checkout, without resolving anything again.
+checkout="$VENV/.ironserve-checkout"
+if [ "$(cat "$checkout" 2>/dev/null)" != "$PWD" ]; then
+  echo "setup: the virtual environment's editable installs now name $PWD"
+  "$VENV/bin/pip" install -q --no-deps -e . -e ./service
+  printf '%s\n' "$PWD" >"$checkout"
+fi
 
 # The add-ons' custom resource schemas (roles/cluster_addons/crd-schemas.lock), outside the repository.
 IRONSERVE_CACHE="$CACHE" PYTHON="$VENV/bin/python" bash scripts/fetch-crd-schemas.sh
