@@ -16,8 +16,6 @@ namespace ai is the inference role's (annotation `linkerd.io/inject: enabled` on
 
 from __future__ import annotations
 
-import os
-
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
@@ -80,14 +78,15 @@ def cluster_addons(config: AddonsConfig, run: HostRun) -> None:
             objects=content,
             kubeconfig=ADMIN_KUBECONFIG,
         )
-    token_env = config.cluster_addons.cloudflare_token_env
-    if not os.environ.get(token_env):
-        host.noop(f"the Cloudflare token's Secret: not applied, ${token_env} is not set on this machine")
+    token = cloudflare_token(config.cluster_addons)
+    if token is None:
+        variable = config.cluster_addons.cloudflare_token_env
+        host.noop(f"the Cloudflare token's Secret: not applied, ${variable} is not set on this machine")
         return
     secret_applied(
         name="Cluster add-ons' Cloudflare token Secret applied (compared by digest, value not shown)",
         path=TOKEN_SECRET_STAGED,
-        secret=cloudflare_token_secret(cloudflare_token(config.cluster_addons)),
+        secret=cloudflare_token_secret(token),
         key=CLOUDFLARE_SECRET_KEY,
         kubeconfig=ADMIN_KUBECONFIG,
     )

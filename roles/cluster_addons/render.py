@@ -327,12 +327,13 @@ def certificate_manifests(config: AddonsConfig) -> list[Manifest]:
     ]  # fmt: skip
 
 
-def cloudflare_token(settings: ClusterAddonsSettings, environ: Mapping[str, str] | None = None) -> str:
-    """The token from the deploy machine's environment; ValueError naming the variable (never the value)."""
+def cloudflare_token(settings: ClusterAddonsSettings, environ: Mapping[str, str] | None = None) -> str | None:
+    """The token from the deploy machine's environment, None when the variable is unset or blank; ValueError naming
+    the variable (never the value) when it holds whitespace."""
     name = settings.cloudflare_token_env
     token = (os.environ if environ is None else environ).get(name, "")
     if not token.strip():
-        raise ValueError(f"cluster_addons: the Cloudflare API token is read from ${name}, which is not set")
+        return None
     if any(c.isspace() for c in token.strip()) or token != token.strip():
         raise ValueError(f"cluster_addons: ${name} holds whitespace; a Cloudflare API token has none")
     return token

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyinfra.api.facts import FactBase
 
 from ironserve import manifests
 from ironserve.kubectl import ADMIN_KUBECONFIG, KubectlDiff, ObjectsDiff
@@ -68,14 +69,27 @@ def kubectl(host: Any) -> Any:
 
 
 @pytest.fixture
-def cluster_diff(host: Any) -> Any:
+def deploy_fact(host: Any) -> Any:
+    """`deploy_fact(FactClass, **kwargs)`: one of the deploy's own facts read on the host, its command run there and
+    its output parsed by its own `process`, so the gate and the deploy agree on what they read."""
+
+    def read(fact_class: type[FactBase[Any]], **kwargs: Any) -> Any:
+        fact = fact_class()
+        return fact.process(host.run(fact.command(**kwargs)).stdout.splitlines())
+
+    return read
+
+
+@pytest.fixture
+def cluster_diff(deploy_fact: Any) -> Any:
     """`cluster_diff(objects)`: the deploy's own KubectlDiff fact run on the host for those objects (a list), as
     the cluster's admin: what a server-side apply of them would change now (None without the admin kubeconfig)."""
 
     def run(objects: list[dict[str, Any]]) -> ObjectsDiff | None:
-        fact = KubectlDiff()
-        result = host.run(fact.command(objects=manifests.dump_all(objects), kubeconfig=ADMIN_KUBECONFIG))
-        return fact.process(result.stdout.splitlines())
+        diff: ObjectsDiff | None = deploy_fact(
+            KubectlDiff, objects=manifests.dump_all(objects), kubeconfig=ADMIN_KUBECONFIG
+        )
+        return diff
 
     return run
 

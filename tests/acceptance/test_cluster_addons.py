@@ -157,13 +157,16 @@ def test_the_cluster_issuer_reads_the_cloudflare_token_secret(kubectl: Any, conf
 
 
 @pytest.mark.invariant("cert-cloudflare-token-secret")
-def test_the_cloudflare_token_secret_holds_an_api_token(host: Any, observe: Any) -> None:
+def test_the_cloudflare_token_secret_holds_an_api_token(deploy_fact: Any, observe: Any) -> None:
     """The Secret the ClusterIssuer reads holds a token, read as the deploy reads it: the digest of its value,
     never the value."""
-    fact = SecretKeyDigest()
-    where = {"namespace": render.CERT_MANAGER_NAMESPACE, "secret": render.CLOUDFLARE_SECRET}
-    output = host.run(fact.command(**where, key=render.CLOUDFLARE_SECRET_KEY, kubeconfig=ADMIN_KUBECONFIG)).stdout
-    found = fact.process(output.splitlines())
+    found = deploy_fact(
+        SecretKeyDigest,
+        namespace=render.CERT_MANAGER_NAMESPACE,
+        secret=render.CLOUDFLARE_SECRET,
+        key=render.CLOUDFLARE_SECRET_KEY,
+        kubeconfig=ADMIN_KUBECONFIG,
+    )
     observe(found)
     assert found is not None, f"no {ADMIN_KUBECONFIG} on this control plane"
     assert found.namespace_exists, f"namespace {render.CERT_MANAGER_NAMESPACE} does not exist (cert-manager's chart)"
