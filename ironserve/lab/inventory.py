@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ironserve.lab import aptrepo, state
+from ironserve.lab import aptrepo, charts, state
 from ironserve.lab import inference as lab_inference
 from ironserve.paths import lab_dir
 
@@ -42,6 +42,11 @@ def _entry(host: state.LabHost) -> HostEntry:
         # And for pkgs.k8s.io, signed by the same key: the base the kubernetes role appends /v<minor>/deb/ to.
         data["kubernetes_repo_url"] = f"{host.extra['aptrepo_url']}/{aptrepo.KUBERNETES_BASE}"
         data["kubernetes_repo_key"] = host.extra["aptrepo_key"]
+        # And for Helm's release server and the add-ons' chart repositories (ironserve/lab/charts.py).
+        data["cluster_addons_helm_base_url"] = f"{host.extra['aptrepo_url']}/{charts.HELM_DIR}"
+        data["cluster_addons_helm_sha256"] = charts.helm_sha256(aptrepo.repo_dir() / "www")
+        for chart_repo in ("cilium", "cert_manager", "envoy_gateway", "linkerd"):
+            data[f"cluster_addons_{chart_repo}_chart_repo"] = f"{host.extra['aptrepo_url']}/{charts.CHARTS_DIR}"
     if host.extra.get("pip_index_url"):  # the lab pip index of the engine lock (ironserve/lab/wheelhouse.py)
         data["inference_pip_index_url"] = host.extra["pip_index_url"] + "/simple/"
     data.update(lab_inference.inventory_data())  # the CPU engine and the tiny model's sealed versions

@@ -5,12 +5,12 @@ device plugin.
 `render` builds each add-on from one host's StackConfig (Helm releases with pinned versions and values, or
 Kubernetes objects) and `render.problems` validates all of it; `cluster_addons_deployable` runs that check when
 the inventory is loaded, so a misspelt field stops the deploy before any host is contacted. Each control plane
-applies, server-side and only when the cluster differs, the objects of built-in kinds (CoreDNS's ConfigMap,
-RuntimeClass nvidia, the device plugin's DaemonSet) and the custom resources (cert-manager's, Gateway API's,
-Envoy Gateway's), these once the cluster serves their kinds (their CRDs come with the charts), and the
-Cloudflare token's Secret, its value read from the deploy machine's environment and compared by digest
-(`ironserve.kubectl.secret_applied`), once cert-manager's namespace exists. The Helm releases are rendered and
-validated but not applied yet (no chart or helm is reachable to test a release with). Proxy injection into
+installs the pinned Helm from its checked release tarball and `helm upgrade --install`s each release only when the
+cluster's differs (`ironserve.helm`); then applies, server-side and only when the cluster differs, the objects of
+built-in kinds (CoreDNS's ConfigMap, RuntimeClass nvidia, the device plugin's DaemonSet) and the custom resources
+(cert-manager's, Gateway API's, Envoy Gateway's), these once the cluster serves their kinds (their CRDs come with
+the charts), and the Cloudflare token's Secret, its value read from the deploy machine's environment and compared
+by digest (`ironserve.kubectl.secret_applied`), once cert-manager's namespace exists. Proxy injection into
 namespace ai is the inference role's (annotation `linkerd.io/inject: enabled` on it).
 """
 
@@ -20,8 +20,10 @@ from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
 from ironserve import manifests
+from ironserve.apt import installed
+from ironserve.helm import helm_installed, helm_released, tarball_name
 from ironserve.kubectl import ADMIN_KUBECONFIG, objects_applied, secret_applied
-from ironserve.owned import owned_directory, owned_file
+from ironserve.owned import downloaded, owned_directory, owned_file
 from ironserve.run import HostRun
 from roles.cluster_addons.render import (
     CLOUDFLARE_SECRET_KEY,
@@ -30,6 +32,7 @@ from roles.cluster_addons.render import (
     cloudflare_token,
     cloudflare_token_secret,
     custom_manifests,
+    helm_releases,
     missing_keys,
     problems,
     service_port,
@@ -37,6 +40,8 @@ from roles.cluster_addons.render import (
 )
 
 OBJECTS_DIR = "/etc/ironserve/kubernetes"
+VALUES_DIR = f"{OBJECTS_DIR}/helm"  # each release's values, <release>.values.yaml
+DOWNLOADS = "/var/cache/ironserve"  # Helm's release tarball
 BUILT_IN_OBJECTS = f"{OBJECTS_DIR}/cluster-addons.yaml"
 CUSTOM_OBJECTS = f"{OBJECTS_DIR}/cluster-addons-custom.yaml"
 # Holds the token only while its apply runs (root:root 0600; the apply's command removes it).
@@ -64,6 +69,7 @@ def cluster_addons(config: AddonsConfig, run: HostRun) -> None:
         return
     frozen = config.clear_immutable
     owned_directory(name="Kubernetes objects directory", path=OBJECTS_DIR, clear_immutable=frozen)
+    _helm_releases(config)
     files = (
         ("objects of built-in kinds", BUILT_IN_OBJECTS, built_in_manifests(config)),
         ("custom resources", CUSTOM_OBJECTS, custom_manifests(config, service_port(config))),
@@ -90,3 +96,40 @@ def cluster_addons(config: AddonsConfig, run: HostRun) -> None:
         key=CLOUDFLARE_SECRET_KEY,
         kubeconfig=ADMIN_KUBECONFIG,
     )
+
+
+def _helm_releases(config: AddonsConfig) -> None:
+    """The pinned Helm client from its checked release tarball, then each release in install order, its values in
+    a file of its own; the charts create their namespaces and CRDs, which the Secret and custom resources need."""
+    addons, frozen = config.cluster_addons, config.clear_immutable
+    assert addons.helm_sha256 is not None  # missing_keys
+    tarball = tarball_name(addons.helm_version)
+    installed(name="curl (for downloads)", packages=["curl"])
+    owned_directory(name="Downloads folder", path=DOWNLOADS, clear_immutable=frozen)
+    downloaded(
+        name=f"Helm {addons.helm_version} release tarball (SHA-256 checked)",
+        src=f"{addons.helm_base_url}/{tarball}",
+        dest=f"{DOWNLOADS}/{tarball}",
+        sha256=addons.helm_sha256,
+    )
+    helm_installed(name=f"Helm {addons.helm_version}", tarball=f"{DOWNLOADS}/{tarball}", version=addons.helm_version)
+    owned_directory(name="Helm values directory", path=VALUES_DIR, clear_immutable=frozen)
+    for release in helm_releases(config, trust_anchors_pem(addons)):
+        values_path = f"{VALUES_DIR}/{release.name}.values.yaml"
+        owned_file(
+            name=f"Helm release {release.name}'s values (strictly validated)",
+            path=values_path,
+            content=manifests.dump_all([release.values]),
+            clear_immutable=frozen,
+        )
+        helm_released(
+            name=f"Helm release {release.namespace}/{release.name} ({release.chart} {release.version})",
+            release=release.name,
+            namespace=release.namespace,
+            chart=release.chart,
+            repo=release.repo,
+            version=release.version,
+            values=release.values,
+            values_path=values_path,
+            kubeconfig=ADMIN_KUBECONFIG,
+        )

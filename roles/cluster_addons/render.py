@@ -446,13 +446,15 @@ def missing_keys(config: AddonsConfig) -> list[str]:
     """The keys this role cannot render without, with what each one is for."""
     addons, missing = config.cluster_addons, []
     if addons.acme_email is None:
-        missing.append("cluster_addons_acme_email (the ACME account's contact)")
+        missing.append("cluster_addons_acme_email (ACME contact)")
     if not addons.dns_zones:
-        missing.append("cluster_addons_dns_zones (the Cloudflare zones of the DNS01 solver)")
+        missing.append("cluster_addons_dns_zones (DNS01 zones)")
     if not addons.tls_dns_names:
-        missing.append("cluster_addons_tls_dns_names (the names of ai/tls-secret)")
+        missing.append("cluster_addons_tls_dns_names (ai/tls-secret's names)")
     if addons.linkerd_trust_anchor is None:
-        missing.append("cluster_addons_linkerd_trust_anchor (the mesh's trust anchor certificate)")
+        missing.append("cluster_addons_linkerd_trust_anchor (the mesh's trust anchor)")
+    if addons.helm_sha256 is None:
+        missing.append("cluster_addons_helm_sha256 (Helm's tarball)")
     if ipaddress.ip_network(config.kubernetes.pod_subnet).version != 4:
         missing.append("an IPv4 kubernetes_pod_subnet (cilium's cluster-pool IPAM is rendered for IPv4)")
     return missing

@@ -35,6 +35,28 @@ def _dns_names(values: tuple[str, ...], example: str) -> tuple[str, ...]:
 class ClusterAddonsSettings(RoleSettings):
     """Settings of roles/cluster_addons."""
 
+    # --- Helm -----------------------------------------------------------------------------------------------
+    helm_version: str = Field(
+        "3.17.3",
+        alias="cluster_addons_helm_version",
+        pattern=SEMVER,
+        description="The Helm client the control planes install the charts with (Helm 3.17 supports Kubernetes "
+        "1.29-1.32; helm.sh version skew policy).",
+    )
+    helm_base_url: str = Field(
+        "https://get.helm.sh",
+        alias="cluster_addons_helm_base_url",
+        pattern=r"^(https?|file)://\S+[^/]$",
+        description="Where helm-v<version>-linux-amd64.tar.gz is downloaded from: Helm's release server or the "
+        "site's mirror of it.",
+    )
+    helm_sha256: str | None = Field(
+        None,
+        alias="cluster_addons_helm_sha256",
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 of helm-v<version>-linux-amd64.tar.gz (Helm publishes it beside the tarball as "
+        ".sha256sum); the download is refused on any other. Required.",
+    )
     # --- cilium ---------------------------------------------------------------------------------------------
     cilium_version: str = Field(
         "1.18.3",
@@ -216,7 +238,13 @@ class ClusterAddonsSettings(RoleSettings):
     @field_validator("cilium_chart_repo", "envoy_gateway_chart_repo", "linkerd_chart_repo", "cert_manager_chart_repo")
     @classmethod
     def _repo_without_credentials(cls, value: str) -> str:
-        credentials_refused(value, "give the mirror's credentials to Helm on the deploy machine (helm registry login)")
+        credentials_refused(value, "give the mirror's credentials to Helm on the control planes (helm registry login)")
+        return value
+
+    @field_validator("helm_base_url")
+    @classmethod
+    def _download_without_credentials(cls, value: str) -> str:
+        credentials_refused(value, "give them to curl on the control planes (root's ~/.netrc)")
         return value
 
     @field_validator("cilium_native_routing_cidr")

@@ -5,19 +5,22 @@ DaemonSet runs on RuntimeClass nvidia, no DaemonSet resets GPUs (each node's own
 tests/acceptance/test_kubernetes.py), and the Cloudflare token's Secret holds a token (its digest is read, never
 its value).
 
-The custom resources (cert-manager's, Gateway API's, Envoy Gateway's) are read as the cluster has them: the
-ClusterIssuer on Let's Encrypt by Cloudflare DNS01 with the token's Secret, the Certificate into tls-secret, the
-Gateway terminating TLS with it, the client policy's HTTP/2 and stream idle timeout. Workers skip: the cluster is
-read once, from a control plane. What needs the add-ons running (cilium's status, linkerd check, an issued
-certificate, DNS latency) is waived (waivers.yaml) with what a site runs instead.
+Each Helm release is deployed at its pinned chart version with the rendered values (helm list and helm get values,
+through the deploy's own fact). The custom resources (cert-manager's, Gateway API's, Envoy Gateway's) are read as
+the cluster has them: the ClusterIssuer on Let's Encrypt by Cloudflare DNS01 with the token's Secret, the
+Certificate into tls-secret, the Gateway terminating TLS with it, the client policy's HTTP/2 and stream idle
+timeout. Workers skip: the cluster is read once, from a control plane. What needs the add-ons running (cilium's
+status, linkerd check, an issued certificate, DNS latency) is waived (waivers.yaml) with what a site runs instead.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from ironserve.helm import HelmRelease
 from ironserve.kubectl import ADMIN_KUBECONFIG, SecretKeyDigest
 from roles import StackConfig
 from roles.cluster_addons import corefile, render
@@ -43,6 +46,29 @@ def test_the_add_ons_objects_are_in_force_as_rendered(cluster_diff: Any, config:
     observe(diff)
     assert diff is not None, f"no {ADMIN_KUBECONFIG} on this control plane"
     assert (diff.status, diff.stderr) == (0, "")
+
+
+# Each release, with the catalog ids its values carry (linkerd's ids need the mesh running: waivers.yaml).
+RELEASES = [
+    pytest.param("cilium", marks=pytest.mark.invariant("cni-cilium-ipam-cluster-pool", "cni-cilium-routing-mode")),
+    pytest.param("cert-manager", marks=pytest.mark.invariant("cert-manager-dns01-cloudflare")),
+    pytest.param("eg", marks=pytest.mark.invariant("ingress-envoy")),
+    "linkerd-crds",
+    "linkerd-control-plane",
+]
+
+
+@pytest.mark.parametrize("name", RELEASES)
+def test_the_helm_release_is_deployed_at_its_pin_with_the_rendered_values(
+    deploy_fact: Any, config: StackConfig, name: str, observe: Any
+) -> None:
+    releases = render.helm_releases(config, render.trust_anchors_pem(config.cluster_addons))
+    release = next(r for r in releases if r.name == name)
+    found = deploy_fact(HelmRelease, release=name, namespace=release.namespace, kubeconfig=ADMIN_KUBECONFIG)
+    observe(found)
+    assert found is not None, f"no {ADMIN_KUBECONFIG} on this control plane"
+    assert (found.chart, found.status, found.error) == (f"{release.chart}-{release.version}", "deployed", "")
+    assert found.values == json.loads(json.dumps(release.values))
 
 
 @pytest.mark.invariant("dns-coredns")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shlex
 import subprocess
 import time
 import urllib.error
@@ -26,7 +27,9 @@ from typing import Any
 import pytest
 
 from ironserve.config import build_config
-from ironserve.lab import kubernetes_control_plane, remote
+from ironserve.helm import HELM
+from ironserve.kubectl import ADMIN_KUBECONFIG
+from ironserve.lab import charts, kubernetes_control_plane, remote
 from ironserve.lab.deploying import DeployResult, deploy, verify
 from ironserve.lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane
 from ironserve.lab.state import LabHost
@@ -36,7 +39,10 @@ from tests.lab.conftest import ClusterHost, inventory_with
 from tests.unit.test_cluster_addons_render import SITE, TOKEN
 
 pytestmark = pytest.mark.lab
+# The lab's inventory names its own Helm tarball and chart mirror (ironserve/lab/charts.py).
+LAB_SITE = {key: value for key, value in SITE.items() if key != "cluster_addons_helm_sha256"}
 CONFIG: StackConfig = build_config("r740-01", SITE, REGISTRY)
+RELEASES = render.helm_releases(CONFIG, render.trust_anchors_pem(CONFIG.cluster_addons))
 PORT = render.service_port(CONFIG)
 BUILT_IN = {"v1", "apps/v1", "node.k8s.io/v1"}
 ROLES = ("cluster_addons",)
@@ -61,15 +67,16 @@ class Site:
 @pytest.fixture(scope="module")
 def site(kubernetes_api_host: ClusterHost, tmp_path_factory: pytest.TempPathFactory) -> Site:
     """The control plane's host as a site's: kubectl and the admin kubeconfig, CoreDNS from kubeadm, the
-    namespaces the charts and the inference role would create; then the first deploy, with the token in its
-    environment."""
+    namespace the inference role would create (the charts' namespaces are Helm's to create); then the first deploy,
+    with the token in its environment."""
     host, plane = kubernetes_api_host.host, kubernetes_api_host.plane
     kubernetes_control_plane.install_admin_client(host, plane)
     kubernetes_control_plane.kubeadm_coredns(plane)
     objects = [*render.manifests_of(CONFIG, PORT), TOKEN_SECRET]
-    for name in sorted({o["metadata"]["namespace"] for o in objects if o["metadata"].get("namespace")}):
+    namespaces = {o["metadata"]["namespace"] for o in objects if o["metadata"].get("namespace")}
+    for name in sorted(namespaces - {release.namespace for release in RELEASES}):
         plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"a": "b"}}})
-    inventory = str(inventory_with(tmp_path_factory.mktemp("site"), host, SITE))
+    inventory = str(inventory_with(tmp_path_factory.mktemp("site"), host, LAB_SITE))
     first = deploy_with_token(host, inventory, TOKEN, "-v")  # -v: the noop messages too
     return Site(host, plane, inventory, first)
 
@@ -134,6 +141,36 @@ def test_the_deploy_applies_the_token_secret_and_shows_the_token_nowhere(site: S
     assert ".cloudflare-api-token.yaml" not in leftovers, leftovers
 
 
+def helm_on(host: LabHost, *args: str) -> str:
+    """The real Helm the deploy installed on the host, as the cluster's admin."""
+    return remote.run(host, shlex.join([HELM, "--kubeconfig", ADMIN_KUBECONFIG, *args]))
+
+
+def releases_on(host: LabHost) -> dict[str, tuple[str, str, str]]:
+    listed = json.loads(helm_on(host, "list", "--all-namespaces", "--all", "-o", "json"))
+    return {r["name"]: (r["namespace"], r["chart"], r["status"]) for r in listed}
+
+
+def test_the_deploy_installs_the_pinned_helm_and_every_release_at_its_pin(site: Site) -> None:
+    """Helm from its release tarball (the lab's mirror of it, SHA-256 checked), then each chart from the chart
+    repository the inventory names, at its pin, into its namespace (created by Helm: the Secret that waits for
+    cert-manager's is applied in the same run)."""
+    assert site.first.returncode == 0, site.first.output
+    version = remote.run(site.host, f"{HELM} version --template '{{{{.Version}}}}'").strip()
+    assert version == f"v{CONFIG.cluster_addons.helm_version}"
+    pinned = {r.name: (r.namespace, f"{r.chart}-{r.version}", "deployed") for r in RELEASES}
+    assert releases_on(site.host) == pinned
+
+
+def test_each_chart_was_given_the_rendered_values(site: Site) -> None:
+    """The stand-in charts keep the values they were given in a ConfigMap (ironserve/lab/charts.py)."""
+    for release in RELEASES:
+        stored = site.plane.request(
+            "GET", f"/api/v1/namespaces/{release.namespace}/configmaps/lab-standin-{release.name}-values"
+        )
+        assert json.loads(stored["data"]["values.json"]) == json.loads(json.dumps(release.values)), release.name
+
+
 def test_without_their_crds_the_custom_resources_wait_and_the_host_says_for_what(site: Site) -> None:
     """The cluster serves none of their kinds (no chart installed their CRDs): the deploy applies nothing of them,
     names every kind it waits for, and does not fail."""
@@ -178,10 +215,38 @@ def test_a_rotated_token_is_applied_once_and_an_unset_one_is_said(site: Site) ->
     assert (back.returncode, back.changed) == (0, 1), back.output
 
 
+def test_a_release_changed_or_removed_by_hand_is_put_back_by_the_next_deploy(site: Site) -> None:
+    """A value set by hand (`helm upgrade --reuse-values --set`) and a release uninstalled by hand: the next deploy
+    upgrades the one and installs the other, two changes, then nothing; the values are the rendered ones again."""
+    cilium = next(r for r in RELEASES if r.name == "cilium")
+    chart_url = f"{site.host.extra['aptrepo_url']}/{charts.CHARTS_DIR}/{cilium.chart}-{cilium.version}.tgz"
+    helm_on(
+        site.host,
+        "upgrade",
+        "cilium",
+        chart_url,
+        "-n",
+        cilium.namespace,
+        "--reuse-values",
+        "--set",
+        "debug.enabled=true",
+    )
+    helm_on(site.host, "uninstall", "linkerd-crds", "-n", "linkerd")
+    assert "linkerd-crds" not in releases_on(site.host)
+    fixed = deploy_with_token(site.host, site.inventory, TOKEN)
+    assert (fixed.returncode, fixed.changed) == (0, 2), fixed.output
+    assert json.loads(helm_on(site.host, "get", "values", "cilium", "-n", cilium.namespace, "-o", "json")) == (
+        json.loads(json.dumps(cilium.values))
+    )
+    assert releases_on(site.host)["linkerd-crds"][2] == "deployed"
+    again = deploy_with_token(site.host, site.inventory, TOKEN)
+    assert (again.returncode, again.changed) == (0, 0), again.output
+
+
 def test_the_gate_passes_the_clusters_add_ons_on_the_control_plane(site: Site) -> None:
     result = gate(site)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"invariants on {site.host.name}: 8 pass, 0 fail, 0 skip" in result.stdout, result.stdout
+    assert f"invariants on {site.host.name}: 12 pass, 0 fail, 0 skip" in result.stdout, result.stdout
 
 
 def test_a_corefile_changed_by_hand_fails_the_gate_until_the_next_deploy(site: Site) -> None:

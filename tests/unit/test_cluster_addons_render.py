@@ -36,6 +36,7 @@ SITE: dict[str, Any] = {
     "cluster_addons_dns_zones": ["example.com"],
     "cluster_addons_tls_dns_names": ["llm.example.com"],
     "cluster_addons_linkerd_trust_anchor": str(TRUST_ANCHOR),
+    "cluster_addons_helm_sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",  # a stand-in
 }
 
 
@@ -351,7 +352,7 @@ def test_missing_keys_are_named_together() -> None:
     with pytest.raises(ConfigError) as caught:
         validate_host("r740-01", {"ironserve_roles": ["kubernetes", "cluster_addons"]}, REGISTRY)
     message = str(caught.value)
-    for key in ("acme_email", "dns_zones", "tls_dns_names", "linkerd_trust_anchor"):
+    for key in ("acme_email", "dns_zones", "tls_dns_names", "linkerd_trust_anchor", "helm_sha256"):
         assert f"cluster_addons_{key}" in message
 
 

@@ -34,6 +34,7 @@ CASE_KEYS = {"source", "kwargs", "command", "command_reads", "output", "output_f
 ROLE_FACT_FILES = sorted(Path(roles.__file__).parent.glob("*/facts.py"))
 FACT_MODULES = (
     "ironserve.facts",
+    "ironserve.helm",
     "ironserve.kubectl",
     "ironserve.owned",
     "ironserve.sysctl_boot",

@@ -48,6 +48,7 @@ CASE_KEYS = {"description", "source", "kwargs", "facts", "commands", "noop", "ra
 OPERATION_MODULES = (
     "ironserve.operations",
     "ironserve.apt",
+    "ironserve.helm",
     "ironserve.kubectl",
     "ironserve.owned",
     "ironserve.sysctl_boot",
