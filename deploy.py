@@ -13,7 +13,7 @@ Facts: pyinfra reads one per command; ironserve.reads fetches those the operatio
 from pyinfra.context import host, state
 
 from ironserve import reads
-from ironserve.deploying import config_for, fleet_configs, known_to_inspect
+from ironserve.deploying import config_for, fleet_configs, pyinfra_without_repeated_work
 from ironserve.facts import ContainerKind, OsDistro
 from ironserve.reads import Read
 from ironserve.reboot import reboot_for_needs
@@ -23,7 +23,7 @@ from roles import REGISTRY
 # Every host's config, validated once per run; this host's own check (config_for) only where it is invalid.
 fleet = fleet_configs(state, REGISTRY)
 config = fleet.get(host.name) or config_for(host, REGISTRY)
-known_to_inspect(__file__)
+pyinfra_without_repeated_work()  # the same operation order and arguments, each computed cheaply
 reads.install(state)  # the facts operations declare are read in one round trip per host
 # Read while the roles are queued (which packages, whether this is a container): with the first facts fetched.
 reads.plan([Read(OsDistro), Read(ContainerKind)])

@@ -16,7 +16,7 @@ import inspect
 import secrets
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import wraps
+from functools import cached_property, wraps
 from typing import Any, TypeVar
 
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
@@ -46,9 +46,20 @@ def fact_name(fact: type) -> str:
     return f"{fact.__module__}.{fact.__qualname__}"
 
 
+_SIGNATURES: dict[type[FactBase[Any]], inspect.Signature] = {}
+
+
+def command_signature(fact: type[FactBase[Any]]) -> inspect.Signature:
+    """The signature of the fact's `command()`, once per fact class: a deploy binds arguments to it some 700 times
+    a host."""
+    if fact not in _SIGNATURES:
+        _SIGNATURES[fact] = inspect.signature(fact.command)
+    return _SIGNATURES[fact]
+
+
 def fact_arguments(fact: type[FactBase[Any]], kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> dict[str, Any]:
     """The fact's `command()` arguments by name, defaults filled in, however the caller passed them."""
-    bound = inspect.signature(fact.command).bind(None, *args, **kwargs)
+    bound = command_signature(fact).bind(None, *args, **kwargs)
     bound.apply_defaults()
     return {k: v for k, v in bound.arguments.items() if k != "self"}
 
@@ -60,7 +71,7 @@ class Read:
     fact: type[FactBase[Any]]
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def key(self) -> FactKey:
         return fact_name(self.fact), freeze(fact_arguments(self.fact, self.kwargs))
 
