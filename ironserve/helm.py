@@ -23,6 +23,7 @@ from ironserve.reads import Read, read, reading_operation
 
 HELM = "/usr/local/bin/helm"  # where Helm's install guide puts the binary of its release tarball
 TARBALL_MEMBER = "linux-amd64/helm"  # the binary's path inside helm-v<version>-linux-amd64.tar.gz
+VERSION_QUERY = "version --template '{{.Version}}'"  # prints the client's version alone: v3.17.3
 
 
 def tarball_name(version: str) -> str:
@@ -35,7 +36,7 @@ class HelmClientVersion(FactBase[str | None]):
 
     def command(self, path: str = HELM) -> str:
         binary = shlex.quote(path)
-        return f"if [ -x {binary} ]; then {binary} version --template '{{{{.Version}}}}'; echo; fi"
+        return f"if [ -x {binary} ]; then {binary} {VERSION_QUERY}; echo; fi"
 
     def process(self, output: Iterable[str]) -> str | None:
         lines = [line.strip() for line in output if line.strip()]
@@ -51,7 +52,7 @@ def helm_installed(tarball: str, version: str, path: str = HELM) -> Commands:
         host.noop(f"{path} is Helm {wanted}")
         return
     binary, archive = shlex.quote(path), shlex.quote(tarball)
-    said = f"$({binary} version --template '{{{{.Version}}}}')"
+    said = f"$({binary} {VERSION_QUERY})"
     wrong = shlex.quote(f"{tarball} holds Helm ") + f'"{said}"' + shlex.quote(f", not {wanted}")
     yield StringCommand(
         f'd=$(mktemp -d) && tar -xzf {archive} -C "$d" {TARBALL_MEMBER} && '

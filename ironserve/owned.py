@@ -24,6 +24,7 @@ from pyinfra.api.util import get_template
 from pyinfra.context import host
 from pyinfra.operations import files
 
+from ironserve.apt import installed
 from ironserve.operations import Commands, failing, report
 from ironserve.reads import Read, read, reading_operation
 
@@ -234,6 +235,15 @@ def unmasked(unit: str) -> Commands:
         return
     report(f"{unit} was masked: unmasking it")
     yield StringCommand("systemctl", "unmask", QuoteString(unit))
+
+
+DOWNLOADS = "/var/cache/ironserve"  # what roles download before installing it: tarballs, installers
+
+
+def downloads_ready(clear_immutable: bool = False) -> None:
+    """curl (pyinfra's files.download runs it on the host) and DOWNLOADS, the folder `downloaded` writes into."""
+    installed(name="curl (for downloads)", packages=["curl"])
+    owned_directory(name=f"{DOWNLOADS} exists", path=DOWNLOADS, clear_immutable=clear_immutable)
 
 
 @reading_operation(reads=lambda dest, **_: [Read(OwnedPath, {"path": dest})])

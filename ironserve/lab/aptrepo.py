@@ -848,9 +848,10 @@ def _index_and_sign(index_dir: Path, label: str, debs: str = ".") -> None:
 
 
 def _fingerprint() -> str:
-    """What the built repository depends on: this builder, the stand-in programs it ships, the key."""
-    sources = (Path(__file__), NVIDIA_SMI, DKMS, KUBERNETES, Path(charts.__file__), charts.helm_binary())
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources))
+    """What the built repository depends on: this builder, the stand-in programs it ships, the Helm mirror's
+    builder and pins, the key."""
+    sources = (Path(__file__), NVIDIA_SMI, DKMS, KUBERNETES)
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources) + charts.fingerprint())
     if key_path().exists():
         digest.update(key_path().read_bytes())
     return digest.hexdigest()

@@ -56,6 +56,12 @@ def helm_binary() -> Path:
     return path
 
 
+def fingerprint() -> bytes:
+    """What the built mirror's Helm and charts depend on: this builder and the pins. The binary itself is named by
+    its version (scripts/fetch-helm.sh checks its SHA-256), so its 58 MB are not read again for this."""
+    return Path(__file__).read_bytes() + repr((HELM_VERSION, sorted(STANDIN_CHARTS.items()))).encode()
+
+
 def helm_tarball(binary: Path) -> bytes:
     """`binary` as Helm's release tarball lays it out, byte for byte the same on every build."""
     data = binary.read_bytes()
@@ -102,8 +108,9 @@ def build_into(www: Path) -> None:
     helm = helm_binary()
     tarball = www / HELM_DIR / tarball_name(HELM_VERSION)
     tarball.parent.mkdir(parents=True, exist_ok=True)
-    tarball.write_bytes(helm_tarball(helm))
-    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    data = helm_tarball(helm)
+    tarball.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
     tarball.with_name(tarball.name + ".sha256sum").write_text(f"{digest}  {tarball.name}\n")
     repository = www / CHARTS_DIR
     repository.mkdir(parents=True, exist_ok=True)

@@ -20,10 +20,9 @@ from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
 from ironserve import manifests
-from ironserve.apt import installed
 from ironserve.helm import helm_installed, helm_released, tarball_name
 from ironserve.kubectl import ADMIN_KUBECONFIG, objects_applied, secret_applied
-from ironserve.owned import downloaded, owned_directory, owned_file
+from ironserve.owned import DOWNLOADS, downloaded, downloads_ready, owned_directory, owned_file
 from ironserve.run import HostRun
 from roles.cluster_addons.render import (
     CLOUDFLARE_SECRET_KEY,
@@ -41,7 +40,6 @@ from roles.cluster_addons.render import (
 
 OBJECTS_DIR = "/etc/ironserve/kubernetes"
 VALUES_DIR = f"{OBJECTS_DIR}/helm"  # each release's values, <release>.values.yaml
-DOWNLOADS = "/var/cache/ironserve"  # Helm's release tarball
 BUILT_IN_OBJECTS = f"{OBJECTS_DIR}/cluster-addons.yaml"
 CUSTOM_OBJECTS = f"{OBJECTS_DIR}/cluster-addons-custom.yaml"
 # Holds the token only while its apply runs (root:root 0600; the apply's command removes it).
@@ -104,8 +102,7 @@ def _helm_releases(config: AddonsConfig) -> None:
     addons, frozen = config.cluster_addons, config.clear_immutable
     assert addons.helm_sha256 is not None  # missing_keys
     tarball = tarball_name(addons.helm_version)
-    installed(name="curl (for downloads)", packages=["curl"])
-    owned_directory(name="Downloads folder", path=DOWNLOADS, clear_immutable=frozen)
+    downloads_ready(frozen)
     downloaded(
         name=f"Helm {addons.helm_version} release tarball (SHA-256 checked)",
         src=f"{addons.helm_base_url}/{tarball}",

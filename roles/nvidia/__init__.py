@@ -35,7 +35,15 @@ from ironserve.apt import (
 )
 from ironserve.facts import ContainerKind, OsDistro
 from ironserve.operations import line_replaced, service_state
-from ironserve.owned import downloaded, owned_absent, owned_directory, owned_file, owned_link, unmasked
+from ironserve.owned import (
+    DOWNLOADS,
+    downloaded,
+    downloads_ready,
+    owned_absent,
+    owned_file,
+    owned_link,
+    unmasked,
+)
 from ironserve.packages import pinned_packages
 from ironserve.reads import Read, read
 from ironserve.reboot import RebootCheck, read_on
@@ -68,7 +76,6 @@ SOURCES_LIST = "/etc/apt/sources.list.d/ironserve-nvidia.list"
 PREFERENCES = "/etc/apt/preferences.d/ironserve-nvidia.pref"
 UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51ironserve-nvidia-blacklist"
 CUDA_PROFILE = "/etc/profile.d/cuda.sh"
-DOWNLOADS = "/var/cache/ironserve"  # the cuda-samples tarball, the driver runfile
 PERSISTENCED_UNIT = "/etc/systemd/system/nvidia-persistenced.service"
 # NVIDIA's sample unit for a runfile install (nvidia-persistenced-init in the driver's samples): the daemon forks.
 PERSISTENCED_RUNFILE_UNIT = """# Managed by ironserve (roles/nvidia): the runfile ships no unit (NVIDIA's sample)
@@ -277,7 +284,7 @@ def _runfile(config: StackConfig) -> None:
     driver, container = config.lock.driver, bool(read(ContainerKind))
     if not container:
         installed(name="dkms (the runfile registers the module with it)", packages=["dkms"])
-    _downloads()
+    downloads_ready(config.clear_immutable)
     path = f"{DOWNLOADS}/{runfile_name(driver)}"
     downloaded(
         name=f"{runfile_name(driver)} (SHA-256 checked)",
@@ -290,18 +297,12 @@ def _runfile(config: StackConfig) -> None:
     )
 
 
-def _downloads() -> None:
-    """curl (pyinfra's files.download runs it on the host) and the folder downloads go to."""
-    installed(name="curl (for downloads)", packages=["curl"])
-    owned_directory(name=f"{DOWNLOADS} exists", path=DOWNLOADS)
-
-
 def _cuda_samples(config: StackConfig) -> None:
     url, sha256 = config.nvidia.cuda_samples_url, config.nvidia.cuda_samples_sha256
     if url is None or sha256 is None:
         return
     directory = samples_dir(config)
     tarball = f"{DOWNLOADS}/{directory.rsplit('/', 1)[-1]}.tar.gz"
-    _downloads()
+    downloads_ready(config.clear_immutable)
     downloaded(name="cuda-samples source (SHA-256 checked)", src=url, dest=tarball, sha256=sha256)
     stage_cuda_samples(name=f"cuda-samples source in {directory}", tarball=tarball, directory=directory, sha256=sha256)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from ironserve.config import build_config
-from ironserve.helm import HELM
+from ironserve.helm import HELM, VERSION_QUERY
 from ironserve.kubectl import ADMIN_KUBECONFIG
 from ironserve.lab import charts, kubernetes_control_plane, remote
 from ironserve.lab.deploying import DeployResult, deploy, verify
@@ -156,7 +156,7 @@ def test_the_deploy_installs_the_pinned_helm_and_every_release_at_its_pin(site: 
     repository the inventory names, at its pin, into its namespace (created by Helm: the Secret that waits for
     cert-manager's is applied in the same run)."""
     assert site.first.returncode == 0, site.first.output
-    version = remote.run(site.host, f"{HELM} version --template '{{{{.Version}}}}'").strip()
+    version = remote.run(site.host, f"{HELM} {VERSION_QUERY}").strip()
     assert version == f"v{CONFIG.cluster_addons.helm_version}"
     pinned = {r.name: (r.namespace, f"{r.chart}-{r.version}", "deployed") for r in RELEASES}
     assert releases_on(site.host) == pinned
