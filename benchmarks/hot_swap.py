@@ -2,17 +2,23 @@
 
 Usage: ~/.cache/ironserve/venv/bin/python benchmarks/hot_swap.py [--swaps 10] [--clients 16]
 Starts its own etcd, Envoy, control loop, exporter and two CPU vLLM instances (tiny test model, engine
-venv), all on 127.0.0.1, and stops them all. Figures only; no assertions. The load is the official openai
+venv), all on 127.0.0.1, each in a session of its own (a CPU share of its own under autogroup scheduling, as a
+systemd unit's cgroup on a host), and stops them all. Figures only; no assertions. The load is the official openai
 SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, no SDK retries).
 
 - switch latency: the etcd compare-and-swap write (as `swap` reads the answer) -> the first request answered
-  through Envoy by the new colour (`swap` polls /health through Envoy every `swap.SWITCH_POLL_S`). `swap` runs
+  through Envoy by the new colour (`swap` asks /health through Envoy every `swap.SWITCH_POLL_S`, not waiting for
+  the answer before, at most `swap.PROBES_IN_FLIGHT` at once). `swap` runs
   in its own process, as an admin's command does, so the load generator's threads do not hold its GIL. Broken
   down (hotswap_stack.SWITCH_STEPS) with the control loop's own timestamps (its switch log line) and Envoy's
   (the route's `last_updated` in its admin, 1 ms resolution): etcd watch (write -> event parsed; below zero
   when the event arrives before `swap` has read the txn's answer), readiness check, route file write, Envoy
-  apply (rename -> applied; below zero when Envoy applies before the preempted control loop reads its clock)
-  and first answer (applied -> /health answered by the new colour through Envoy).
+  apply (rename -> applied; below zero when Envoy applies before the preempted control loop reads its clock),
+  question (applied -> the question the new colour answered first was asked; below zero within Envoy's 1 ms)
+  and first answer (that question -> its answer from the new colour through Envoy).
+- machine stall: during each switch, the longest a process that only sleeps 1 ms at a time was woken late: time
+  in which the machine ran none of what was ready to run (CPU saturated by the engines, or stolen by the
+  hypervisor, whose total over the swaps is printed), as opposed to a step of the switch itself being slow.
 - Envoy's added latency: the same requests sent alternately to vLLM directly and through Envoy, no load;
   and vLLM's own `vllm bench serve` (random 16-token prompts, 8 output tokens) against the engine and
   through Envoy, side by side.
@@ -63,6 +69,35 @@ print("RESULT " + json.dumps({k: v for k, v in result.items() if isinstance(v, (
 """
 
 
+# A process that only sleeps 1 ms at a time and prints each wake-up more than 5 ms late (wall clock at the wake-up,
+# how late): it needs next to no CPU, so a late wake-up is the machine not running what was ready to run.
+STALL_WATCH = """
+import sys, time
+while True:
+    asked = time.perf_counter()
+    time.sleep(0.001)
+    late = time.perf_counter() - asked - 0.001
+    if late > 0.005:
+        print(f"{time.time():.6f} {late * 1000:.1f}", flush=True)
+"""
+
+
+def worst_stall_ms(stalls: str, since: float, until: float) -> float:
+    """The longest late wake-up of STALL_WATCH's output that overlaps [since, until] (wall clock), 0 if none."""
+    worst = 0.0
+    for line in stalls.splitlines():
+        woke_at, late_ms = map(float, line.split())
+        if woke_at - late_ms / 1000 <= until and woke_at >= since:
+            worst = max(worst, late_ms)
+    return worst
+
+
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to others while this machine's CPUs wanted it (/proc/stat, USER_HZ 100)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / 100
+
+
 def timed_get(url: str) -> float:
     started = time.perf_counter()
     with urllib.request.urlopen(url, timeout=30) as response:
@@ -107,8 +142,9 @@ def breakdown(stack: Stack, result: swap.SwapResult) -> dict[str, float] | None:
     applied = EnvoyAdmin(stack.settings.swap.admin_port).route_applied()
     if control is None or applied is None or applied[0] != router.route_version(colour, version, revision):
         return None
+    asked_at = result.written_at + result.timings["switch_asked_s"]
     served_at = result.written_at + result.timings["switch_s"]
-    return switch_breakdown(result.written_at, control, applied[1], served_at)
+    return switch_breakdown(result.written_at, control, applied[1], asked_at, served_at)
 
 
 def bench_serve(base_url: str, prompts: int) -> dict[str, float]:
@@ -143,6 +179,9 @@ def main() -> None:
     subprocess.run([str(ENGINE_PYTHON), str(SERVICE_DIR / "scripts" / "build_tiny_model.py"), str(TINY_MODEL_DIR)],
                    check=True, capture_output=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hot-swap-bench-") as work:
+        stall_log = Path(work) / "stalls.txt"
+        with stall_log.open("w") as out:
+            watch = subprocess.Popen([sys.executable, "-c", STALL_WATCH], stdout=out)
         stack = build_stack(Path(work), TINY_MODEL_DIR, ENGINE_PYTHON, nice=args.nice)
         stack.start()
         try:
@@ -152,7 +191,8 @@ def main() -> None:
             load = Load(stack.url(""), clients=args.clients, max_s=3600).start()
             results: list[swap.SwapResult] = []
             parts: list[dict[str, float]] = []
-            load_before = os.getloadavg()
+            stalls: list[float] = []
+            load_before, steal_before = os.getloadavg(), steal_seconds()
             started = time.monotonic()
             try:
                 for index in range(args.swaps):
@@ -162,15 +202,21 @@ def main() -> None:
                     split = breakdown(stack, result)
                     if split is not None:
                         parts.append(split)
+                    stall = float("nan")
+                    if result.written_at is not None and "switch_s" in result.timings:
+                        until = result.written_at + result.timings["switch_s"]
+                        stall = worst_stall_ms(stall_log.read_text(), result.written_at, until)
+                        stalls.append(stall)
                     print(f"swap {index + 1}/{args.swaps} -> {version}: {result.gate} "
                           f"{ {k: round(v, 3) for k, v in result.timings.items()} } "
-                          f"switch ms { {k: round(v, 1) for k, v in (split or {}).items()} }", flush=True)  # fmt: skip
+                          f"switch ms { {k: round(v, 1) for k, v in (split or {}).items()} } "
+                          f"machine stall ms {stall:.1f}", flush=True)  # fmt: skip
                     if not result.ok:
                         break
             finally:
                 outcomes = load.stop()
             elapsed = time.monotonic() - started
-            load_after = os.getloadavg()
+            load_after, steal = os.getloadavg(), steal_seconds() - steal_before
             direct_port = stack.settings.swap.port(results[-1].colour or "blue")
             direct, proxied, direct_chat, proxied_chat = [], [], [], []
             for _ in range(args.samples):
@@ -183,6 +229,8 @@ def main() -> None:
             served_envoy = bench_serve(stack.url(""), args.bench_prompts)
         finally:
             stack.stop()
+            watch.terminate()
+            watch.wait()
     ok = [r for r in results if r.ok]
     switch = [r.timings["switch_s"] * 1000 for r in ok]
     drain = [r.timings["drain_s"] for r in ok if "drain_s" in r.timings]
@@ -194,7 +242,8 @@ def main() -> None:
     print()
     print(f"swaps completed            {len(ok)}/{args.swaps} in {elapsed:.0f} s, {args.clients} clients")
     print(f"host                       {os.cpu_count()} CPUs, load average (1 min) {load_before[0]:.1f} before the "
-          f"swaps, {load_after[0]:.1f} after; stack, swap and engines at nice {args.nice}")  # fmt: skip
+          f"swaps, {load_after[0]:.1f} after, {steal:.1f} s stolen by the hypervisor; stack, swap and engines at nice "
+          f"{args.nice}")  # fmt: skip
     print(
         f"requests                   {len(outcomes)} ({streamed} streaming, {h2c} over h2c), failed {len(bad)}, "
         f"incomplete {sum(o.ok and not o.complete for o in outcomes)}"
@@ -209,6 +258,8 @@ def main() -> None:
         values = [p[step] for p in parts]
         print(f"  {step:<24} ms p50 {percentile(values, 50):.1f}  p99 {percentile(values, 99):.1f}  "
               f"max {max(values, default=float('nan')):.1f}")  # fmt: skip
+    print(f"  {'machine stall (longest)':<24} ms p50 {percentile(stalls, 50):.1f}  p99 {percentile(stalls, 99):.1f}  "
+          f"max {max(stalls, default=float('nan')):.1f}  (a sleeping process woken late)")  # fmt: skip
     print(f"new instance ready s       p50 {percentile(ready, 50):.1f}  p99 {percentile(ready, 99):.1f}")
     print(f"drain (switch->idle 10s) s p50 {percentile(drain, 50):.1f}  p99 {percentile(drain, 99):.1f}")
     print(f"stop (SIGTERM->exit) s     p50 {percentile(stop, 50):.1f}  p99 {percentile(stop, 99):.1f}")

@@ -104,7 +104,12 @@ class Stack:
         log = (self.logs / f"{name}.log").open("ab")
         if self.nice:
             command = ["nice", "-n", str(self.nice), *command]
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # A session of its own, as each engine has: on a host each of these is a systemd unit with a CPU share of
+        # its own (a cgroup), and where the kernel schedules by autogroup (one per session) the same holds here.
+        # In the test's session they would share one share with the load generator's clients, which on a host
+        # run elsewhere.
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # fmt: skip
 
     def start_etcd(self) -> None:
         assert ETCD is not None
@@ -427,8 +432,8 @@ SWITCH_LINE = re.compile(
     r"event_at=(?P<event>[\d.]+) checked_at=(?P<checked>[\d.]+) written_at=(?P<written>[\d.]+)$"
 )
 # One switch, in order: etcd write -> watch event parsed -> readiness check passed -> rds.json renamed ->
-# Envoy applied the route -> first answer from the new colour through Envoy.
-SWITCH_STEPS = ("etcd watch", "readiness check", "route file write", "Envoy apply", "first answer")
+# Envoy applied the route -> `swap` asked the question the new colour answered first -> that answer through Envoy.
+SWITCH_STEPS = ("etcd watch", "readiness check", "route file write", "Envoy apply", "question", "first answer")
 
 
 def control_switches(log_text: str) -> dict[int, SwitchTiming]:
@@ -443,11 +448,12 @@ def control_switches(log_text: str) -> dict[int, SwitchTiming]:
 
 
 def switch_breakdown(
-    etcd_written_at: float, control: SwitchTiming, envoy_applied_at: float, served_at: float
+    etcd_written_at: float, control: SwitchTiming, envoy_applied_at: float, asked_at: float, served_at: float
 ) -> dict[str, float]:
     """Milliseconds spent in each of SWITCH_STEPS; they add up to served_at - etcd_written_at. Envoy stamps
     its apply in whole milliseconds, so its step and the next can be off by up to 1 ms either way."""
-    marks = (etcd_written_at, control.event_at, control.checked_at, control.written_at, envoy_applied_at, served_at)
+    marks = (etcd_written_at, control.event_at, control.checked_at, control.written_at, envoy_applied_at, asked_at,
+             served_at)  # fmt: skip
     return {
         step: (later - earlier) * 1000 for step, earlier, later in zip(SWITCH_STEPS, marks, marks[1:], strict=False)
     }
