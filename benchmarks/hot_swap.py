@@ -7,18 +7,18 @@ systemd unit's cgroup on a host), and stops them all. Figures only; no assertion
 SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, no SDK retries).
 
 - switch latency: the etcd compare-and-swap write (as `swap` reads the answer) -> the first request answered
-  through Envoy by the new colour (`swap` asks /health through Envoy every `swap.SWITCH_POLL_S`, not waiting for
-  the answer before, at most `swap.PROBES_IN_FLIGHT` at once). `swap` runs
-  in its own process, as an admin's command does, so the load generator's threads do not hold its GIL. Broken
-  down (hotswap_stack.SWITCH_STEPS) with the control loop's own timestamps (its switch log line) and Envoy's
-  (the route's `last_updated` in its admin, 1 ms resolution): etcd watch (write -> event parsed; below zero
-  when the event arrives before `swap` has read the txn's answer), readiness check, route file write, Envoy
-  apply (rename -> applied; below zero when Envoy applies before the preempted control loop reads its clock),
-  question (applied -> the question the new colour answered first was asked; below zero within Envoy's 1 ms)
-  and first answer (that question -> its answer from the new colour through Envoy).
-- machine stall: during each switch, the longest a process that only sleeps 1 ms at a time was woken late: time
-  in which the machine ran none of what was ready to run (CPU saturated by the engines, or stolen by the
-  hypervisor, whose total over the swaps is printed), as opposed to a step of the switch itself being slow.
+  through Envoy by the new colour (`swap` asks /health through Envoy on one kept-alive connection, a question
+  `swap.SWITCH_POLL_S` after each answer). `swap` runs in its own process, as an admin's command does, so the load
+  generator's threads do not hold its GIL. Broken down (hotswap_stack.SWITCH_STEPS) with the control loop's own
+  timestamps (its switch log line) and Envoy's (the route's `last_updated` in its admin, 1 ms resolution): etcd
+  watch (write -> event parsed; below zero when the event arrives before `swap` has read the txn's answer),
+  readiness check, route file write, Envoy apply (rename -> applied; below zero when Envoy applies before the
+  preempted control loop reads its clock), question (applied -> the question the new colour answered first was
+  asked; below zero within Envoy's 1 ms) and first answer (that question -> its answer from the new colour through
+  Envoy).
+- machine stall: during each switch, the longest a process that only sleeps 1 ms at a time was woken late: a stall
+  of the whole machine (CPU saturated, or time stolen by the hypervisor, whose total over the swaps is printed)
+  rather than one process of the switch waiting for its CPU share.
 - Envoy's added latency: the same requests sent alternately to vLLM directly and through Envoy, no load;
   and vLLM's own `vllm bench serve` (random 16-token prompts, 8 output tokens) against the engine and
   through Envoy, side by side.
