@@ -161,11 +161,11 @@ def stop_colour(settings: ServiceSettings, colour: Colour) -> float:
 
 @dataclass(frozen=True)
 class Answer:
-    """One /health question through Envoy's listener: when it was asked and answered (time.monotonic()), by whom."""
+    """The /health question through Envoy's listener that the new colour answered: when it was asked and answered
+    (time.monotonic())."""
 
     asked_at: float
     answered_at: float
-    colour: str | None
 
 
 def first_answer_from(settings: ServiceSettings, colour: Colour, timeout_s: float) -> Answer | None:
@@ -173,35 +173,27 @@ def first_answer_from(settings: ServiceSettings, colour: Colour, timeout_s: floa
 
     One question at a time on one kept-alive connection (Envoy routes each request by the route in force when it
     arrives, also on an open connection): no connection set up per question for `swap`, Envoy and the engine to
-    pay while the switch competes for the host's CPU; a connection Envoy closes is opened again."""
+    pay while the switch competes for the host's CPU. A connection that Envoy closes, or that fails, is closed
+    here and http.client opens a new one for the next question."""
     listener = urllib.parse.urlsplit(settings.swap.listener_url)
-    host, port = listener.hostname or "127.0.0.1", listener.port or 80
-    connection: http.client.HTTPConnection | None = None
+    connection = http.client.HTTPConnection(listener.hostname or "127.0.0.1", listener.port or 80, timeout=2)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
             asked_at = time.monotonic()
             try:
-                connection = connection or http.client.HTTPConnection(host, port, timeout=2)
                 connection.request("GET", "/health")
                 response = connection.getresponse()
                 response.read()
             except (OSError, http.client.HTTPException):
-                if connection is not None:
-                    connection.close()
-                connection = None
+                connection.close()
             else:
-                answer = Answer(asked_at, time.monotonic(), response.headers.get(router.COLOUR_HEADER))
-                if answer.colour == colour:
-                    return answer
-                if response.will_close:
-                    connection.close()
-                    connection = None
+                if response.headers.get(router.COLOUR_HEADER) == colour:
+                    return Answer(asked_at, time.monotonic())
             time.sleep(SWITCH_POLL_S)
         return None
     finally:
-        if connection is not None:
-            connection.close()
+        connection.close()
 
 
 def wait_idle(admin: EnvoyAdmin, cluster: str, idle_s: float, max_s: float, interval_s: float) -> float:
