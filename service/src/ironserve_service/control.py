@@ -13,14 +13,16 @@ import base64
 import contextlib
 import http.client
 import json
+import queue
 import re
 import signal
+import socket
 import sys
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -89,35 +91,106 @@ class Etcd:
         # The gateway omits false booleans.
         return bool(answer.get("succeeded", False)), int(answer["header"]["revision"])
 
-    def watch(self, prefix: str, start_revision: int, idle_s: float) -> Iterator[tuple[int, dict[str, str | None]]]:
-        """Yields (revision, {key: value or None when deleted}); raises EtcdError/TimeoutError when the stream ends."""
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+    def watch(self, prefix: str, start_revision: int) -> Watch:
+        """A watch stream on the keys under prefix from start_revision on, open until closed (use with `with`)."""
+        return Watch(self.host, self.port, self.timeout_s, prefix, start_revision)
+
+
+# What a watch stream hands over: the revision, {key: value or None when deleted}, and when the line was parsed.
+WatchEvent = tuple[int, dict[str, str | None], float]
+
+
+def parse_watch_line(line: bytes) -> tuple[int, dict[str, str | None]] | None:
+    """One line of the gateway's /v3/watch stream: (revision, changes), or None for a line without events (the
+    "created" answer); raises EtcdError when etcd cancels the watch (a compacted start revision, a server-side
+    cancel) or answers an error, since the stream then stays open but delivers nothing more."""
+    try:
+        document = json.loads(line)
+    except ValueError as error:
+        raise EtcdError(f"etcd watch sent {line[:200]!r}") from error
+    if "error" in document:
+        raise EtcdError(f"etcd watch failed: {document['error']}")
+    result = document.get("result", {})
+    if result.get("canceled"):
+        reason = result.get("cancel_reason") or f"revision compacted up to {result.get('compact_revision', '?')}"
+        raise EtcdError(f"etcd cancelled the watch: {reason}")
+    events = result.get("events", [])
+    if not events:
+        return None
+    changes: dict[str, str | None] = {}
+    for event in events:
+        kv = event["kv"]
+        changes[_unb64(kv["key"])] = None if event.get("type") == "DELETE" else _unb64(kv.get("value", ""))
+    return int(result["header"]["revision"]), changes
+
+
+class Watch:
+    """One watch stream, read by a thread of its own: the caller waits for the next event with a timeout and
+    makes other requests meanwhile while the stream stays open (a socket read that timed out cannot go on, so a
+    reader that waited with a timeout would have to reopen the stream, and a write landing then would wait)."""
+
+    def __init__(self, host: str, port: int, timeout_s: float, prefix: str, start_revision: int) -> None:
+        self.connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+        self.events: queue.SimpleQueue[WatchEvent | EtcdError | None] = queue.SimpleQueue()  # None: wake()
+        self.closed = threading.Event()
         body = {"create_request": {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
                                    "start_revision": str(start_revision)}}  # fmt: skip
         try:
-            connection.request("POST", "/v3/watch", body=json.dumps(body))
-            response = connection.getresponse()
-            if response.status != 200:
-                raise EtcdError(f"etcd watch answered HTTP {response.status}")
-            if connection.sock is not None:
-                connection.sock.settimeout(idle_s)
+            self.connection.request("POST", "/v3/watch", body=json.dumps(body))
+            response = self.connection.getresponse()
+        except (OSError, http.client.HTTPException) as error:
+            self.connection.close()
+            raise EtcdError(f"etcd watch: {error}") from error
+        if response.status != 200:
+            self.connection.close()
+            raise EtcdError(f"etcd watch answered HTTP {response.status}")
+        if self.connection.sock is not None:
+            self.connection.sock.settimeout(None)  # quiet for hours is normal; close() ends the wait
+        self.reader = threading.Thread(target=self._read, args=(response,), name="etcd-watch", daemon=True)
+        self.reader.start()
+
+    def _read(self, response: http.client.HTTPResponse) -> None:
+        try:
             while True:
                 line = response.readline()
                 if not line:
                     raise EtcdError("etcd closed the watch stream")
-                result = json.loads(line).get("result", {})
-                events = result.get("events", [])
-                if not events:
-                    continue
-                changes: dict[str, str | None] = {}
-                for event in events:
-                    kv = event["kv"]
-                    changes[_unb64(kv["key"])] = None if event.get("type") == "DELETE" else _unb64(kv.get("value", ""))
-                yield int(result["header"]["revision"]), changes
-        except (http.client.HTTPException, ValueError, ConnectionError) as error:
-            raise EtcdError(f"etcd watch: {error}") from error
-        finally:
-            connection.close()
+                parsed = parse_watch_line(line)
+                if parsed is not None:
+                    self.events.put((*parsed, time.time()))
+        except (OSError, http.client.HTTPException) as error:
+            if not self.closed.is_set():  # else close() ended the read
+                self.events.put(error if isinstance(error, EtcdError) else EtcdError(f"etcd watch: {error}"))
+
+    def next(self, timeout_s: float) -> WatchEvent | None:
+        """The next event, or None after timeout_s without one or after wake(); raises EtcdError once the stream
+        has ended."""
+        try:
+            item = self.events.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        if isinstance(item, EtcdError):
+            raise item
+        return item
+
+    def wake(self) -> None:
+        """Ends a wait in next() now (from another thread)."""
+        self.events.put(None)
+
+    def close(self) -> None:
+        self.closed.set()
+        if self.connection.sock is not None:
+            # shutdown, not close, wakes the reader blocked in recv; the connection is closed once it has returned.
+            with contextlib.suppress(OSError):
+                self.connection.sock.shutdown(socket.SHUT_RDWR)
+        self.reader.join(timeout=5)
+        self.connection.close()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class EnvoyAdmin:
@@ -259,6 +332,11 @@ class SwitchTiming:
         return f"event_at={self.event_at:.6f} checked_at={self.checked_at:.6f} written_at={self.written_at:.6f}"
 
 
+# How often the control loop reads every key again, on its open watch: it retries a refused switch (a ready marker
+# that came after the write), re-reads the API keys file, and catches what the stream did not deliver.
+RESYNC_S = 5.0
+
+
 class Controller:
     """Watches etcd and moves the route after a fresh readiness check; keeps the last good route otherwise."""
 
@@ -267,14 +345,18 @@ class Controller:
         settings: ServiceSettings,
         check: Callable[[Colour], ProbeResult] | None = None,
         log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+        resync_s: float = RESYNC_S,
     ) -> None:
         self.settings = settings
+        self.resync_s = resync_s
         self.swap = settings.swap
         self.etcd = Etcd(self.swap.etcd_url, self.swap.etcd_timeout_s)
         self.check = check or self.check_with_proof
         self.log = log
         self.values: dict[str, str] = {}
+        self.revision = 0  # the etcd revision self.values stand at
         self.stopped = threading.Event()
+        self.stream: Watch | None = None
         self.route_revision, self.colour, self.version = router.current_route(self.swap)
         self.keys: list[tuple[str, str]] = []
         self.keys_shown: str | None = None
@@ -343,30 +425,51 @@ class Controller:
         router.prune_routes(path)
         self.log(f"route re-rendered for the current settings and keys ({self.colour}/{self.version})")
 
-    def run_once(self, idle_s: float = 5.0) -> None:
-        """Resynchronise from a full read, then follow the watch until it ends (raises on etcd trouble)."""
+    def resync(self) -> bool:
+        """A full read of every key, applied; True when it held values that the watch had not delivered."""
         snapshot = self.etcd.get_prefix(self.swap.key_prefix)
-        self.values = dict(snapshot.values)
+        missed = snapshot.values != self.values
+        self.values, self.revision = dict(snapshot.values), snapshot.revision
         self.apply(snapshot.revision)
-        for revision, changes in self.etcd.watch(self.swap.key_prefix, snapshot.revision + 1, idle_s):
-            received_at = time.time()
-            for key, value in changes.items():
-                if value is None:
-                    self.values.pop(key, None)
-                else:
-                    self.values[key] = value
-            self.apply(revision, received_at)
-            if self.stopped.is_set():
-                return
+        return missed
+
+    def follow(self, event: WatchEvent) -> None:
+        revision, changes, received_at = event
+        if revision <= self.revision:
+            return  # already in the last full read
+        for key, value in changes.items():
+            if value is None:
+                self.values.pop(key, None)
+            else:
+                self.values[key] = value
+        self.revision = revision
+        self.apply(revision, received_at)
+
+    def run_once(self) -> None:
+        """A full read, then the watch from the next revision, with a full read every resync_s on the open stream;
+        returns when stopped, or to open a new stream when a full read found a change the stream had not delivered
+        (applied already, from the full read); raises EtcdError on etcd trouble."""
+        self.resync()
+        with self.etcd.watch(self.swap.key_prefix, self.revision + 1) as self.stream:
+            next_resync = time.monotonic() + self.resync_s
+            while not self.stopped.is_set():
+                event = self.stream.next(max(0.0, next_resync - time.monotonic()))
+                if event is not None:
+                    self.follow(event)
+                    continue
+                if self.stopped.is_set():
+                    return
+                next_resync = time.monotonic() + self.resync_s
+                if self.resync():
+                    self.log(f"a full read found changes the etcd watch had not delivered (revision {self.revision}); "
+                             "opening a new watch")  # fmt: skip
+                    return
 
     def run(self) -> None:
         unreachable = False
         while not self.stopped.is_set():
             try:
                 self.run_once()
-                unreachable = False
-            except TimeoutError:
-                # Quiet watch: reconnect and resynchronise (also retries a refused switch).
                 unreachable = False
             except EtcdError as error:
                 if not unreachable:
@@ -375,7 +478,10 @@ class Controller:
                 self.stopped.wait(1.0)
 
     def stop(self) -> None:
+        """Ends run() (from another thread)."""
         self.stopped.set()
+        if self.stream is not None:
+            self.stream.wake()
 
 
 def run_controller(settings: ServiceSettings) -> int:
