@@ -19,6 +19,9 @@ SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, no
 - machine stall: during each switch, the longest a process that only sleeps 1 ms at a time was woken late: a stall
   of the whole machine (CPU saturated, or time stolen by the hypervisor, whose total over the swaps is printed)
   rather than one process of the switch waiting for its CPU share.
+- etcd watch, bystander: a second watcher on the same keys, in a session of its own, that only notes when each
+  revision arrives (write -> event parsed, like the control loop's step): a late event seen by both is etcd's or
+  the machine's, seen only by the control loop is the loop's.
 - Envoy's added latency: the same requests sent alternately to vLLM directly and through Envoy, no load;
   and vLLM's own `vllm bench serve` (random 16-token prompts, 8 output tokens) against the engine and
   through Envoy, side by side.
@@ -80,6 +83,28 @@ while True:
     if late > 0.005:
         print(f"{time.time():.6f} {late * 1000:.1f}", flush=True)
 """
+
+
+# The bystander watcher: the control loop's own Watch, printing "revision wall-clock" as each event is parsed.
+ETCD_BYSTANDER = """
+import sys
+from ironserve_service.control import Etcd
+etcd = Etcd(sys.argv[1])
+with etcd.watch(sys.argv[2], etcd.get_prefix(sys.argv[2]).revision + 1) as stream:
+    while True:
+        event = stream.next(3600)
+        if event is not None:
+            print(event[0], f"{event[2]:.6f}", flush=True)
+"""
+
+
+def bystander_ms(seen: str, revision: int, written_at: float) -> float:
+    """Milliseconds from the etcd write to the bystander's event for that revision (NaN if it has none)."""
+    for line in seen.splitlines():
+        seen_revision, parsed_at = line.split()
+        if int(seen_revision) == revision:
+            return (float(parsed_at) - written_at) * 1000
+    return float("nan")
 
 
 def worst_stall_ms(stalls: str, since: float, until: float) -> float:
@@ -186,7 +211,13 @@ def main() -> None:
             watch = subprocess.Popen([sys.executable, "-c", STALL_WATCH], stdout=out)
         stack = build_stack(Path(work), TINY_MODEL_DIR, ENGINE_PYTHON, nice=args.nice)
         stack.start()
+        bystander_log = Path(work) / "bystander.txt"
+        bystander_command = [sys.executable, "-c", ETCD_BYSTANDER, stack.settings.swap.etcd_url,
+                             stack.settings.swap.key_prefix]  # fmt: skip
+        bystander: subprocess.Popen[bytes] | None = None
         try:
+            with bystander_log.open("w") as out:
+                bystander = subprocess.Popen(bystander_command, stdout=out, start_new_session=True)
             first = swap_in_own_process(stack, "v1")
             if not first.ok:
                 raise SystemExit(f"initial deploy failed: {first}")
@@ -194,6 +225,7 @@ def main() -> None:
             results: list[swap.SwapResult] = []
             parts: list[dict[str, float]] = []
             stalls: list[float] = []
+            bystanders: list[float] = []
             load_before, steal_before = os.getloadavg(), steal_seconds()
             started = time.monotonic()
             try:
@@ -204,15 +236,18 @@ def main() -> None:
                     split = breakdown(stack, result)
                     if split is not None:
                         parts.append(split)
-                    stall = float("nan")
+                    stall = seen = float("nan")
                     if result.written_at is not None and "switch_s" in result.timings:
                         until = result.written_at + result.timings["switch_s"]
                         stall = worst_stall_ms(stall_log.read_text(), result.written_at, until)
                         stalls.append(stall)
+                        revision = router.current_route(stack.settings.swap)[0]
+                        seen = bystander_ms(bystander_log.read_text(), revision, result.written_at)
+                        bystanders.append(seen)
                     print(f"swap {index + 1}/{args.swaps} -> {version}: {result.gate} "
                           f"{ {k: round(v, 3) for k, v in result.timings.items()} } "
                           f"switch ms { {k: round(v, 1) for k, v in (split or {}).items()} } "
-                          f"machine stall ms {stall:.1f}", flush=True)  # fmt: skip
+                          f"machine stall ms {stall:.1f} bystander's etcd watch ms {seen:.1f}", flush=True)  # fmt: skip
                     if not result.ok:
                         break
             finally:
@@ -230,6 +265,9 @@ def main() -> None:
             served_direct = bench_serve(f"http://127.0.0.1:{direct_port}", args.bench_prompts)
             served_envoy = bench_serve(stack.url(""), args.bench_prompts)
         finally:
+            if bystander is not None:
+                bystander.terminate()
+                bystander.wait()
             stack.stop()
             watch.terminate()
             watch.wait()
@@ -262,6 +300,9 @@ def main() -> None:
               f"max {max(values, default=float('nan')):.1f}")  # fmt: skip
     print(f"  {'machine stall (longest)':<24} ms p50 {percentile(stalls, 50):.1f}  p99 {percentile(stalls, 99):.1f}  "
           f"max {max(stalls, default=float('nan')):.1f}  (a sleeping process woken late)")  # fmt: skip
+    print(f"  {'etcd watch (bystander)':<24} ms p50 {percentile(bystanders, 50):.1f}  "
+          f"p99 {percentile(bystanders, 99):.1f}  max {max(bystanders, default=float('nan')):.1f}  "
+          "(a second watcher, its own session)")  # fmt: skip
     print(f"new instance ready s       p50 {percentile(ready, 50):.1f}  p99 {percentile(ready, 99):.1f}")
     print(f"drain (switch->idle 10s) s p50 {percentile(drain, 50):.1f}  p99 {percentile(drain, 99):.1f}")
     print(f"stop (SIGTERM->exit) s     p50 {percentile(stop, 50):.1f}  p99 {percentile(stop, 99):.1f}")
