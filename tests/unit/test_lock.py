@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ironserve.lock import StackLock, check_lock, newest_cuda_for_driver
-from ironserve.profiles import read_profile
+from ironserve.profiles import profile_data, read_profile
 from ironserve.versions import Version
 
 
@@ -75,3 +75,13 @@ def test_versions_compare_numerically() -> None:
     assert newest_cuda_for_driver("400.1") is None
     with pytest.raises(ValueError, match="malformed version"):
         Version("11.8-beta")
+
+
+def test_a_profile_read_again_is_the_file_whatever_an_earlier_reader_changed() -> None:
+    """The file is parsed once per process; each reader gets its own copy, overrides applied to it alone."""
+    first = profile_data("r740-a10", {"cudnn": {"version": "9.0.0"}})
+    first["lock"]["driver"] = "changed"
+    first["server"]["model"] = "changed"
+    again = profile_data("r740-a10")
+    assert (again["lock"]["driver"], again["lock"]["cudnn"]["version"]) == ("525.85.02", "8.6.0")
+    assert again["server"]["model"] != "changed"
