@@ -50,6 +50,8 @@ def test_watch_lines_give_the_revision_and_the_changes() -> None:
             "illegal base64",
         ),
         (b"<html>", "etcd watch sent"),
+        (b'{"result":{"header":{"revision":"3"},"events":[{"type":"DELETE"}]}}', "unreadable event \\(KeyError"),
+        (b'{"result":{"header":{"revision":"3"},"events":[{"kv":{"key":"not base64"}}]}}', "unreadable event \\(Error"),
     ],
 )
 def test_a_stream_that_delivers_nothing_more_is_an_error(line: bytes, message: str) -> None:

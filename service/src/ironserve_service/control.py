@@ -118,10 +118,13 @@ def parse_watch_line(line: bytes) -> tuple[int, dict[str, str | None]] | None:
     if not events:
         return None
     changes: dict[str, str | None] = {}
-    for event in events:
-        kv = event["kv"]
-        changes[_unb64(kv["key"])] = None if event.get("type") == "DELETE" else _unb64(kv.get("value", ""))
-    return int(result["header"]["revision"]), changes
+    try:
+        for event in events:
+            kv = event["kv"]
+            changes[_unb64(kv["key"])] = None if event.get("type") == "DELETE" else _unb64(kv.get("value", ""))
+        return int(result["header"]["revision"]), changes
+    except (KeyError, TypeError, ValueError) as error:  # base64 and UTF-8 errors are ValueErrors
+        raise EtcdError(f"etcd watch sent an unreadable event ({error!r}): {line[:200]!r}") from error
 
 
 class Watch:
