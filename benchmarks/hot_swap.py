@@ -107,6 +107,12 @@ def bystander_ms(seen: str, revision: int, written_at: float) -> float:
     return float("nan")
 
 
+def spread(values: list[float]) -> str:
+    """p50, p99 and max of milliseconds, as each line of the switch's breakdown prints them."""
+    worst = max(values, default=float("nan"))
+    return f"p50 {percentile(values, 50):.1f}  p99 {percentile(values, 99):.1f}  max {worst:.1f}"
+
+
 def worst_stall_ms(stalls: str, since: float, until: float) -> float:
     """The longest late wake-up of STALL_WATCH's output that overlaps [since, until] (wall clock), 0 if none."""
     worst = 0.0
@@ -291,18 +297,12 @@ def main() -> None:
     by_mode = Counter((o.protocol, o.streaming, o.ok and o.complete) for o in outcomes)
     print("by protocol/streaming      " + ", ".join(f"{p} {'stream' if s else 'plain'} {'ok' if ok else 'FAILED'} {n}"
                                                  for (p, s, ok), n in sorted(by_mode.items())))  # fmt: skip
-    print(f"switch latency ms          p50 {percentile(switch, 50):.1f}  p99 {percentile(switch, 99):.1f}  "
-          f"max {max(switch, default=float('nan')):.1f}")  # fmt: skip
+    print(f"switch latency ms          {spread(switch)}")
     print(f"  broken down over {len(parts)} switches:")
     for step in SWITCH_STEPS:
-        values = [p[step] for p in parts]
-        print(f"  {step:<24} ms p50 {percentile(values, 50):.1f}  p99 {percentile(values, 99):.1f}  "
-              f"max {max(values, default=float('nan')):.1f}")  # fmt: skip
-    print(f"  {'machine stall (longest)':<24} ms p50 {percentile(stalls, 50):.1f}  p99 {percentile(stalls, 99):.1f}  "
-          f"max {max(stalls, default=float('nan')):.1f}  (a sleeping process woken late)")  # fmt: skip
-    print(f"  {'etcd watch (bystander)':<24} ms p50 {percentile(bystanders, 50):.1f}  "
-          f"p99 {percentile(bystanders, 99):.1f}  max {max(bystanders, default=float('nan')):.1f}  "
-          "(a second watcher, its own session)")  # fmt: skip
+        print(f"  {step:<24} ms {spread([p[step] for p in parts])}")
+    print(f"  {'machine stall (longest)':<24} ms {spread(stalls)}  (a sleeping process woken late)")
+    print(f"  {'etcd watch (bystander)':<24} ms {spread(bystanders)}  (a second watcher, its own session)")
     print(f"new instance ready s       p50 {percentile(ready, 50):.1f}  p99 {percentile(ready, 99):.1f}")
     print(f"drain (switch->idle 10s) s p50 {percentile(drain, 50):.1f}  p99 {percentile(drain, 99):.1f}")
     print(f"stop (SIGTERM->exit) s     p50 {percentile(stop, 50):.1f}  p99 {percentile(stop, 99):.1f}")

@@ -66,9 +66,10 @@ def etcd(tmp_path: Path) -> Iterator[Stack]:
         pytest.skip("etcd absent: apt-get install etcd-server etcd-client")
     work = tmp_path / "stack"
     work.mkdir()
-    swap = SwapSettings(router_dir=tmp_path / "envoy", run_dir=tmp_path / "run")
+    port = free_port()
+    swap = SwapSettings(router_dir=tmp_path / "envoy", run_dir=tmp_path / "run", etcd_url=f"http://127.0.0.1:{port}")
     stack = Stack(work, work / "service.yaml", ServiceSettings(engine=EngineSettings(model_dir=tmp_path), swap=swap),
-                  free_port(), work)  # fmt: skip
+                  port, work)  # fmt: skip
     stack.start_etcd()
     try:
         yield stack
@@ -87,17 +88,20 @@ def watch_streams_opened(stack: Stack) -> int:
 
 
 class Running:
-    """A Controller's run() in a thread, as `ironserve-service control` runs it; its log lines kept."""
+    """A Controller's run() in a thread, as `ironserve-service control` runs it; its log lines kept. Its gate stands
+    in for the ready marker: a colour passes once `ready/<colour>` exists (`ready_colours` to begin with)."""
 
-    def __init__(self, stack: Stack, tmp_path: Path, ready: Path, resync_s: float) -> None:
-        swap = stack.settings.swap.model_copy(update={"etcd_url": f"http://127.0.0.1:{stack.etcd_port}"})
-        self.swap = swap
-        self.etcd = Etcd(swap.etcd_url)
+    def __init__(self, stack: Stack, ready_colours: tuple[Colour, ...], resync_s: float) -> None:
+        self.swap = stack.settings.swap
+        self.etcd = Etcd(self.swap.etcd_url)
+        self.ready = stack.work / "ready"
+        self.ready.mkdir()
+        for colour in ready_colours:
+            (self.ready / colour).touch()
         self.lines: list[str] = []
-        # The gate stands in for the ready marker: a colour passes once its file exists.
         self.controller = Controller(
-            ServiceSettings(engine=EngineSettings(model_dir=tmp_path), swap=swap),
-            check=lambda colour: ProbeResult((ready / colour).exists(), f"{colour} marker"),
+            stack.settings,
+            check=lambda colour: ProbeResult((self.ready / colour).exists(), f"{colour} marker"),
             log=self.lines.append,
             resync_s=resync_s,
         )
@@ -121,12 +125,8 @@ class Running:
         return colour, version
 
 
-def test_one_watch_stream_stays_open_across_full_reads_and_delivers_the_next_write(etcd: Stack, tmp_path: Path) -> None:
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    (ready / "blue").touch()
-    (ready / "green").touch()
-    with Running(etcd, tmp_path, ready, resync_s=0.2) as running:
+def test_one_watch_stream_stays_open_across_full_reads_and_delivers_the_next_write(etcd: Stack) -> None:
+    with Running(etcd, ("blue", "green"), resync_s=0.2) as running:
         running.ask("blue", "v1")
         assert wait_for(lambda: running.routed() == ("blue", "v1"), 10)
         time.sleep(1.2)  # about six full reads on the open stream
@@ -140,27 +140,20 @@ def test_one_watch_stream_stays_open_across_full_reads_and_delivers_the_next_wri
     assert not any("etcd unreachable" in line or "new watch" in line for line in running.lines), running.lines
 
 
-def test_a_refused_switch_is_retried_at_the_next_full_read(etcd: Stack, tmp_path: Path) -> None:
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    (ready / "blue").touch()
-    with Running(etcd, tmp_path, ready, resync_s=0.2) as running:
+def test_a_refused_switch_is_retried_at_the_next_full_read(etcd: Stack) -> None:
+    with Running(etcd, ("blue",), resync_s=0.2) as running:
         running.ask("blue", "v1")
         assert wait_for(lambda: running.routed() == ("blue", "v1"), 10)
         running.ask("green", "v2")
         assert wait_for(lambda: any("refusing switch to green/v2" in line for line in running.lines), 10)
         assert running.routed() == ("blue", "v1")
-        (ready / "green").touch()  # green becomes ready; etcd does not change
+        (running.ready / "green").touch()  # green becomes ready; etcd does not change
         assert wait_for(lambda: running.routed() == ("green", "v2"), 10), running.lines
     assert watch_streams_opened(etcd) == 1
 
 
-def test_etcd_restarted_ends_the_stream_and_the_loop_follows_the_new_one(etcd: Stack, tmp_path: Path) -> None:
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    (ready / "blue").touch()
-    (ready / "green").touch()
-    with Running(etcd, tmp_path, ready, resync_s=60) as running:
+def test_etcd_restarted_ends_the_stream_and_the_loop_follows_the_new_one(etcd: Stack) -> None:
+    with Running(etcd, ("blue", "green"), resync_s=60) as running:
         running.ask("blue", "v1")
         assert wait_for(lambda: running.routed() == ("blue", "v1"), 10)
         etcd.stop_etcd()
@@ -172,7 +165,7 @@ def test_etcd_restarted_ends_the_stream_and_the_loop_follows_the_new_one(etcd: S
 
 
 def test_a_watch_from_a_compacted_revision_is_reported_not_silent(etcd: Stack) -> None:
-    client = Etcd(f"http://127.0.0.1:{etcd.etcd_port}")
+    client = Etcd(etcd.settings.swap.etcd_url)
     revisions = [client.put("/m/a", f"v{n}") for n in range(4)]
     request = urllib.request.Request(
         f"{client.url}/v3/kv/compaction", data=f'{{"revision":"{revisions[-1]}"}}'.encode(), method="POST"
@@ -182,10 +175,8 @@ def test_a_watch_from_a_compacted_revision_is_reported_not_silent(etcd: Stack) -
         stream.next(10)
 
 
-def test_a_full_read_reports_what_the_stream_had_not_delivered(etcd: Stack, tmp_path: Path) -> None:
-    swap = etcd.settings.swap.model_copy(update={"etcd_url": f"http://127.0.0.1:{etcd.etcd_port}"})
-    controller = Controller(ServiceSettings(engine=EngineSettings(model_dir=tmp_path), swap=swap),
-                            check=lambda colour: ProbeResult(True, "ready"), log=lambda line: None)  # fmt: skip
-    Etcd(swap.etcd_url).put(swap.colour_key("blue"), "v1")
+def test_a_full_read_reports_what_the_stream_had_not_delivered(etcd: Stack) -> None:
+    controller = Controller(etcd.settings, check=lambda colour: ProbeResult(True, "ready"), log=lambda line: None)
+    Etcd(etcd.settings.swap.etcd_url).put(etcd.settings.swap.colour_key("blue"), "v1")
     assert controller.resync() is True
     assert controller.resync() is False
