@@ -125,6 +125,7 @@ class Running:
         return colour, version
 
 
+@pytest.mark.invariant("hot-swap-envoy-follows-etcd")
 def test_one_watch_stream_stays_open_across_full_reads_and_delivers_the_next_write(etcd: Stack) -> None:
     with Running(etcd, ("blue", "green"), resync_s=0.2) as running:
         running.ask("blue", "v1")
@@ -140,6 +141,7 @@ def test_one_watch_stream_stays_open_across_full_reads_and_delivers_the_next_wri
     assert not any("etcd unreachable" in line or "new watch" in line for line in running.lines), running.lines
 
 
+@pytest.mark.invariant("hot-swap-envoy-follows-etcd", "hot-swap-health-gate")
 def test_a_refused_switch_is_retried_at_the_next_full_read(etcd: Stack) -> None:
     with Running(etcd, ("blue",), resync_s=0.2) as running:
         running.ask("blue", "v1")
@@ -152,6 +154,7 @@ def test_a_refused_switch_is_retried_at_the_next_full_read(etcd: Stack) -> None:
     assert watch_streams_opened(etcd) == 1
 
 
+@pytest.mark.invariant("hot-swap-envoy-follows-etcd")
 def test_etcd_restarted_ends_the_stream_and_the_loop_follows_the_new_one(etcd: Stack) -> None:
     with Running(etcd, ("blue", "green"), resync_s=60) as running:
         running.ask("blue", "v1")
