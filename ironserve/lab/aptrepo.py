@@ -1,25 +1,38 @@
-"""The lab's NVIDIA apt mirror: a GPG-signed flat repository of stand-in packages, served over HTTP.
+"""The lab's NVIDIA apt mirror: GPG-signed flat repositories of stand-in packages, served over HTTP.
 
-It stands where NVIDIA's CUDA network repository (or a site's internal mirror of it) stands for a real
-host: same layout (`<distro>/x86_64/` with `Packages`, `Release`, `InRelease`), same package names and
-version strings, signed by a key the host trusts through `signed-by`. It carries the pinned set of every
-profile AND newer decoys (driver 535, a CUDA 12 toolkit, cuDNN 8.9 for CUDA 12, TensorRT for CUDA 12,
-container toolkit 1.17.8), so that a host converging to exactly the pinned set proves that the pins win.
+It stands where NVIDIA's CUDA network repository (or a site's internal mirror of it) stands for a real host: the
+same layout (`<directory>/x86_64/` with `Packages`, `Release`, `InRelease`), signed by a key the host trusts through
+`signed-by`. Two directories: `debian11/`, where Debian 12 hosts take CUDA 11.x from (NVIDIA's debian12 directory
+starts at CUDA 12.3), with both profiles' sets and newer decoys (driver 535.129.03, a CUDA 12 toolkit, cuDNN 8.9 for
+CUDA 12, TensorRT 8.6.1.6 for CUDA 12.0 and TensorRT 10, container toolkit 1.17.8); and `debian12/`, the low end of
+NVIDIA's debian12 directory (drivers 545.23.06 and 550.54.14, CUDA 12.3), so a lock pointed at it fails as it would.
+Under `variants/<name>/` the same key signs copies of a directory less a package version (VARIANTS): a site's mirror
+that lacks it.
 
-The packages are stand-ins: real-looking files where the real ones go (`nvidia-smi` reporting the host's
-hardware profile, `/usr/local/cuda-X.Y/version.json`, `nvcc --version`, `cudnn_version.h`, libraries
-under their real names, the container toolkit's default `config.toml`, the driver's `dkms.conf`), plus a
-stand-in of Debian's `dkms` (ironserve/lab/standin_dkms.py) at a version above Debian 12's, so that `Depends:
-dkms` resolves to it in the lab. Beside the repository the server offers what else a site mirrors: stand-in
-driver runfiles at NVIDIA's download path and stand-in cuda-samples archives at GitHub's.
+Package names, versions and relations (Depends, Pre-Depends, Provides, Conflicts, Breaks) are data,
+ironserve/lab/files/nvidia-repository.yaml, following captured repository metadata: the driver as Debian's
+packaging of 535.261.03-1 with the version substituted (nvidia-driver, nvidia-kernel-dkms, nvidia-smi, libcuda1 and
+every package they reach), TensorRT's members pinning each other with `=`, the container toolkit's `=`/`>=` shape.
+apt's own resolver on a lab host therefore refuses what it refuses against NVIDIA's repository (a lone
+`tensorrt=...+cuda11.8` pin, a driver version that was never released). Relations to Debian packages a lab host
+lacks (X server, Mesa, ...) are dropped and listed; ironserve/lab/NVIDIA-MIRROR.md says what each directory
+carries, which capture each group follows and where a neighbouring version's structure stands in.
+
+Only the payloads are stand-ins: real-looking files where the real packages put them (`nvidia-smi` reporting the
+host's hardware profile in package nvidia-smi, libcuda.so in libcuda1, `/usr/local/cuda-X.Y/version.json` and
+`nvcc --version`, `cudnn_version.h`, libraries under their real names, the container toolkit's default
+`config.toml`, the driver's `dkms.conf` in nvidia-kernel-dkms), plus a stand-in of Debian's `dkms`
+(ironserve/lab/standin_dkms.py) at a version above Debian 12's, so that `Depends: dkms` resolves to it in the lab.
+Beside the repositories the server offers what else a site mirrors: stand-in driver runfiles at NVIDIA's download
+path and stand-in cuda-samples archives at GitHub's.
 The same server and key also stand for pkgs.k8s.io: under `kubernetes/core:/stable:/v1.31/deb/` a flat
 repository of stand-in kubeadm, kubelet, kubectl, cri-tools and kubernetes-cni (ironserve/lab/standin_kubernetes.py)
 with pkgs.k8s.io's versions, control fields and systemd files, the pinned set and newer decoys.
-Packages are built with `dpkg-deb`, indexed with `dpkg-scanpackages` (dpkg-dev)
+Packages are built with `dpkg-deb` (in parallel, reproducibly), indexed with `dpkg-scanpackages` (dpkg-dev)
 and signed with `gpg` (gnupg); the signing key is generated once into the cache, never committed.
 
-`ensure_built()` builds the repository once (rebuilt when this builder changes); `start(watch_pid)` serves
-it on the lab bridge address (one server per lab host, stopped by `stop(pid)` at lab down, or by itself
+`ensure_built()` builds the repository once (rebuilt when this builder or its data changes); `start(watch_pid)`
+serves it on the lab bridge address (one server per lab host, stopped by `stop(pid)` at lab down, or by itself
 when the host's supervisor is gone).
 """
 
@@ -27,20 +40,28 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import fcntl
+import functools
 import gzip
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from ironserve.lab import charts, servers
 from ironserve.paths import lab_dir
@@ -50,7 +71,10 @@ HERE = Path(__file__).resolve().parent
 NVIDIA_SMI = HERE / "standin_nvidia_smi.py"
 DKMS = HERE / "standin_dkms.py"
 KUBERNETES = HERE / "standin_kubernetes.py"
-DISTROS = ("debian12",)  # the lab runs Debian 12; the layout of NVIDIA's repository: <distro>/x86_64/
+REPOSITORY_DATA = HERE / "files" / "nvidia-repository.yaml"  # the NVIDIA package set: names, versions, relations
+# NVIDIA's repository layout, <distro>/x86_64/: debian11 (what Debian 12 hosts install CUDA 11.x from) and debian12
+# (whose low end starts at CUDA 12.3 and driver 545).
+DISTROS = ("debian11", "debian12")
 ARCH_DIR = "x86_64"
 KEY_UID = "ironserve lab NVIDIA mirror <lab-mirror@ironserve.invalid>"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -71,22 +95,34 @@ class StandinPackage:
     section: str = "multiverse/devel"  # NVIDIA's repositories' section
     homepage: str = ""
     upstream: str = "NVIDIA's"  # whose package name and version the stand-in carries
+    pre_depends: str = ""
+    provides: str = ""
+    conflicts: str = ""
+    breaks: str = ""
+    source: str = ""  # the Source: field, where the real package names its source package
+    architecture: str = "amd64"
 
 
 # --- what the packages contain -----------------------------------------------------------------------------
 
 # CUDA version each driver branch reports in nvidia-smi (CUDA release notes, Table 3).
-DRIVER_CUDA = {"525": "12.0", "535": "12.2", "515": "11.7"}
+DRIVER_CUDA = {"515": "11.7", "525": "12.0", "535": "12.2", "545": "12.3", "550": "12.4"}
 # nvcc build identification per toolkit, as `nvcc --version` prints it.
 NVCC_BUILD = {
     "11.8": ("V11.8.89", "Wed_Sep_21_10:33:58_PDT_2022", "cuda_11.8.r11.8/compiler.31833905_0", "11.8.89"),
     "11.7": ("V11.7.99", "Wed_Jun__8_16:49:14_PDT_2022", "cuda_11.7.r11.7/compiler.31442593_0", "11.7.99"),
     "12.2": ("V12.2.140", "Tue_Aug_15_22:02:13_PDT_2023", "cuda_12.2.r12.2/compiler.33191640_0", "12.2.140"),
+    "12.3": ("V12.3.107", "Wed_Nov_22_10:17:15_PST_2023", "cuda_12.3.r12.3/compiler.33567101_0", "12.3.107"),
 }
 # version.json's `cuda.version` ("CUDA SDK") in these toolkits is date-stamped, not the release: CUDA 11.8.0 writes
 # 11.8.20220929 and 12.2.2 writes 12.2.20230823 (as real /usr/local/cuda/version.json files show; newer toolkits
-# write the release, 13.0.2). 11.7.1's stamp keeps the format, its date is not taken from a real file.
-CUDA_SDK_VERSION = {"11.8.0": "11.8.20220929", "11.7.1": "11.7.20220802", "12.2.2": "12.2.20230823"}
+# write the release, 13.0.2). 11.7.1's and 12.3.2's stamps keep the format, their dates are not taken from real files.
+CUDA_SDK_VERSION = {
+    "11.8.0": "11.8.20220929",
+    "11.7.1": "11.7.20220802",
+    "12.2.2": "12.2.20230823",
+    "12.3.2": "12.3.20231122",
+}
 
 
 def cuda_version_json(version: str, cudart: str) -> str:
@@ -106,26 +142,37 @@ def _library(name: str, version: str, soname: str) -> tuple[Files, dict[str, str
     return {real: (text, 0o644)}, {f"{LIBDIR}/{soname}": f"{name}.{version}"}
 
 
-def driver_packages(version: str, debian_revision: str = "1") -> list[StandinPackage]:
-    branch = version.split(".")[0]
-    cuda = DRIVER_CUDA.get(branch, "12.0")
-    pkg_version = f"{version}-{debian_revision}"
+@dataclass(frozen=True)
+class Payload:
+    """What a stand-in installs: files, symlinks and maintainer scripts."""
+
+    files: Files = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    postinst: str = ""
+    prerm: str = ""
+
+
+def _nvidia_smi(v: Mapping[str, str]) -> Payload:
+    """The stand-in nvidia-smi (standin_nvidia_smi.py), reporting this driver and its CUDA version."""
+    cuda = DRIVER_CUDA.get(v["branch"], "12.0")
+    wrapper = (
+        "#!/bin/sh\n"
+        f"IRONSERVE_STANDIN_DRIVER={v['upstream']} IRONSERVE_STANDIN_CUDA={cuda} "
+        'exec python3 /usr/lib/ironserve-lab/nvidia_smi.py "$@"\n'
+    )
     files: Files = {
         "/usr/lib/ironserve-lab/nvidia_smi.py": (NVIDIA_SMI.read_text(), 0o644),
-        "/usr/bin/nvidia-smi": (
-            "#!/bin/sh\n"
-            f"IRONSERVE_STANDIN_DRIVER={version} IRONSERVE_STANDIN_CUDA={cuda} "
-            'exec python3 /usr/lib/ironserve-lab/nvidia_smi.py "$@"\n',
-            0o755,
-        ),
-        "/usr/share/doc/nvidia-driver/VERSION": (f"{version}\n", 0o644),
+        "/usr/bin/nvidia-smi": (wrapper, 0o755),
     }
-    links: dict[str, str] = {}
-    for lib, soname in (("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")):
-        lib_files, lib_links = _library(lib, version, soname)
-        files.update(lib_files)
-        links.update(lib_links)
-    persistenced_files: Files = {
+    return Payload(files)
+
+
+def _driver_version_doc(v: Mapping[str, str]) -> Payload:
+    return Payload({"/usr/share/doc/nvidia-driver/VERSION": (f"{v['upstream']}\n", 0o644)})
+
+
+def _nvidia_persistenced(v: Mapping[str, str]) -> Payload:
+    files: Files = {
         "/usr/bin/nvidia-persistenced": (
             "#!/bin/sh\n# ironserve lab stand-in: keeps the pid file nvidia-smi reads for persistence mode\n"
             "mkdir -p /run/nvidia-persistenced\necho $$ > /run/nvidia-persistenced/nvidia-persistenced.pid\n"
@@ -139,17 +186,7 @@ def driver_packages(version: str, debian_revision: str = "1") -> list[StandinPac
             0o644,
         ),
     }
-    return [
-        StandinPackage("nvidia-driver", pkg_version, f"NVIDIA driver metapackage ({version})", files, links),
-        dkms_package(version, pkg_version),
-        StandinPackage(
-            "nvidia-persistenced",
-            pkg_version,
-            "daemon to maintain persistent software state in the NVIDIA driver",
-            persistenced_files,
-            postinst="#!/bin/sh\nsystemctl daemon-reload >/dev/null 2>&1 || true\n",
-        ),
-    ]
+    return Payload(files, postinst="#!/bin/sh\nsystemctl daemon-reload >/dev/null 2>&1 || true\n")
 
 
 DKMS_MODULE = "nvidia-current"  # Debian's name of the driver's DKMS module (Ubuntu's nvidia-dkms-<branch>: nvidia)
@@ -160,7 +197,7 @@ DKMS_BUILT = ("nvidia-current", "nvidia-current-modeset", "nvidia-current-drm", 
 DKMS_STANDIN_VERSION = "3.0.10-99+ironservelab1"
 
 
-def dkms_standin_package() -> StandinPackage:
+def _dkms_standin(v: Mapping[str, str]) -> Payload:
     """Lab-only stand-in of Debian's `dkms` (ironserve/lab/standin_dkms.py): dkms's commands and bookkeeping, no
     compiler. The mirror offers it under Debian's name so that `apt-get install dkms` and `Depends: dkms` resolve
     to it in the lab as they resolve to the real dkms on an R740."""
@@ -168,7 +205,7 @@ def dkms_standin_package() -> StandinPackage:
         "/usr/lib/ironserve-lab/dkms.py": (DKMS.read_text(), 0o644),
         "/usr/sbin/dkms": ('#!/bin/sh\nexec python3 /usr/lib/ironserve-lab/dkms.py "$@"\n', 0o755),
     }
-    return StandinPackage("dkms", DKMS_STANDIN_VERSION, "Dynamic Kernel Module System (DKMS), lab stand-in", files)
+    return Payload(files)
 
 
 def _dkms_conf(module: str, version: str, built: tuple[str, ...]) -> str:
@@ -178,8 +215,9 @@ def _dkms_conf(module: str, version: str, built: tuple[str, ...]) -> str:
     return "\n".join(conf) + "\n"
 
 
-def dkms_package(version: str, pkg_version: str) -> StandinPackage:
+def _dkms_source(v: Mapping[str, str]) -> Payload:
     """nvidia-kernel-dkms: the module source registered with DKMS, built for the running and newest kernel."""
+    version = v["upstream"]
     source = f"/usr/src/{DKMS_MODULE}-{version}"
     files: Files = {
         f"{source}/dkms.conf": (_dkms_conf(DKMS_MODULE, version, DKMS_BUILT), 0o644),
@@ -201,15 +239,7 @@ seem to be installed."
 done
 """
     prerm = f"#!/bin/sh\ndkms remove -m {DKMS_MODULE} -v {version} --all >/dev/null 2>&1 || true\n"
-    return StandinPackage(
-        "nvidia-kernel-dkms",
-        pkg_version,
-        f"NVIDIA binary kernel module DKMS source ({version})",
-        files,
-        depends="dkms",
-        postinst=postinst,
-        prerm=prerm,
-    )
+    return Payload(files, postinst=postinst, prerm=prerm)
 
 
 # --- NVIDIA's driver runfile (NVIDIA-Linux-x86_64-<version>.run) -------------------------------------------------
@@ -384,22 +414,24 @@ path = "nvidia-ctk"
 """
 
 
-def container_toolkit_packages(version: str) -> list[StandinPackage]:
-    """The NVIDIA container toolkit's four packages (libnvidia-container repository names), version <v>-1."""
-    pkg_version = f"{version}-1"
-    stub = "ironserve lab stand-in"
-    lib_files, lib_links = _library("libnvidia-container.so", version, "libnvidia-container.so.1")
+def _container_cli(v: Mapping[str, str]) -> Payload:
+    version = v["upstream"]
     cli = (
         "#!/bin/sh\n"
         f'if [ "$1" = "--version" ]; then printf "cli-version: {version}\\nlib-version: {version}\\n'
         'build platform: x86_64\\n"; exit 0; fi\n'
-        f'echo "nvidia-container-cli ({stub}): no GPU driver to query" >&2; exit 1\n'
+        'echo "nvidia-container-cli (ironserve lab stand-in): no GPU driver to query" >&2; exit 1\n'
     )
+    return Payload({"/usr/bin/nvidia-container-cli": (cli, 0o755)})
+
+
+def _container_toolkit_base(v: Mapping[str, str]) -> Payload:
+    version = v["upstream"]
     ctk = (
         "#!/bin/sh\n"
         f'if [ "$1" = "--version" ] || [ "$1" = "-v" ]; then echo "NVIDIA Container Toolkit CLI version {version}"; '
         "exit 0; fi\n"
-        f'echo "nvidia-ctk ({stub}): only --version is implemented" >&2; exit 1\n'
+        'echo "nvidia-ctk (ironserve lab stand-in): only --version is implemented" >&2; exit 1\n'
     )
     # The real runtime is a runc shim that adds the NVIDIA hook to GPU containers; with no GPU it is runc.
     runtime = (
@@ -407,39 +439,23 @@ def container_toolkit_packages(version: str) -> list[StandinPackage]:
         f'if [ "$1" = "--version" ]; then echo "NVIDIA Container Runtime version {version}"; exec runc --version; fi\n'
         'exec runc "$@"\n'
     )
-    hook = f'#!/bin/sh\necho "nvidia-container-runtime-hook ({stub}): no GPU to inject" >&2\nexit 0\n'
-    return [
-        StandinPackage("libnvidia-container1", pkg_version, "NVIDIA container runtime library", lib_files, lib_links),
-        StandinPackage(
-            "libnvidia-container-tools",
-            pkg_version,
-            "NVIDIA container runtime library (command-line tools)",
-            {"/usr/bin/nvidia-container-cli": (cli, 0o755)},
-            depends=f"libnvidia-container1 (>= {pkg_version})",
-        ),
-        StandinPackage(
-            "nvidia-container-toolkit-base",
-            pkg_version,
-            "NVIDIA Container Toolkit Base",
-            {
-                "/etc/nvidia-container-runtime/config.toml": (CONTAINER_TOOLKIT_CONFIG, 0o644),
-                "/usr/bin/nvidia-ctk": (ctk, 0o755),
-                "/usr/bin/nvidia-container-runtime": (runtime, 0o755),
-            },
-        ),
-        StandinPackage(
-            "nvidia-container-toolkit",
-            pkg_version,
-            "NVIDIA Container toolkit",
-            {"/usr/bin/nvidia-container-runtime-hook": (hook, 0o755)},
-            depends=f"nvidia-container-toolkit-base (= {pkg_version}), libnvidia-container-tools (>= {pkg_version})",
-        ),
-    ]
+    files: Files = {
+        "/etc/nvidia-container-runtime/config.toml": (CONTAINER_TOOLKIT_CONFIG, 0o644),
+        "/usr/bin/nvidia-ctk": (ctk, 0o755),
+        "/usr/bin/nvidia-container-runtime": (runtime, 0o755),
+    }
+    return Payload(files)
 
 
-def cuda_toolkit_package(version: str) -> StandinPackage:
+def _container_toolkit_hook(v: Mapping[str, str]) -> Payload:
+    hook = '#!/bin/sh\necho "nvidia-container-runtime-hook (ironserve lab stand-in): no GPU to inject" >&2\nexit 0\n'
+    return Payload({"/usr/bin/nvidia-container-runtime-hook": (hook, 0o755)})
+
+
+def _cuda_toolkit(v: Mapping[str, str]) -> Payload:
     """cuda-toolkit-X-Y: the toolkit without the driver (NVIDIA's `cuda-X-Y` metapackage adds the driver)."""
-    major_minor = ".".join(version.split(".")[:2])
+    version = v["upstream"]
+    major_minor = f"{v['major']}.{v['minor']}"
     nvcc_release, built_on, build, cudart = NVCC_BUILD[major_minor]
     root = f"/usr/local/cuda-{major_minor}"
     nvcc = (
@@ -447,81 +463,225 @@ def cuda_toolkit_package(version: str) -> StandinPackage:
         f"Copyright (c) 2005-{built_on[-4:]} NVIDIA Corporation\nBuilt on {built_on}\n"
         f"Cuda compilation tools, release {major_minor}, {nvcc_release}\nBuild {build}\nEOF\n"
     )
-    major, minor = (int(p) for p in major_minor.split("."))
+    major, minor = int(v["major"]), int(v["minor"])
     files: Files = {
         f"{root}/version.json": (cuda_version_json(version, cudart), 0o644),
         f"{root}/bin/nvcc": (nvcc, 0o755),
         f"{root}/include/cuda_runtime_api.h": (f"#define CUDART_VERSION {major * 1000 + minor * 10}\n", 0o644),
         f"{root}/lib64/libcudart.so.{cudart}": (f"ironserve lab stand-in (SONAME libcudart.so.{major}.0)\n", 0o644),
     }
-    links = {f"{root}/lib64/libcudart.so.{major}.0": f"libcudart.so.{cudart}"}
-    return StandinPackage(
-        f"cuda-toolkit-{major}-{minor}", f"{version}-1", f"CUDA Toolkit {major_minor} meta-package", files, links
-    )
+    return Payload(files, {f"{root}/lib64/libcudart.so.{major}.0": f"libcudart.so.{cudart}"})
 
 
-def cudnn_packages(version: str, cuda: str) -> list[StandinPackage]:
-    """libcudnn8 / libcudnn8-dev, NVIDIA's version scheme: <cudnn>.<build>-1+cuda<X.Y>."""
-    major, minor, patch = version.split(".")[:3]
-    build = {"8.6.0": "163", "8.9.7": "29", "8.5.0": "96"}.get(".".join((major, minor, patch)), "1")
-    pkg_version = f"{major}.{minor}.{patch}.{build}-1+cuda{cuda}"
-    lib_files, lib_links = _library("libcudnn.so", f"{major}.{minor}.{patch}", f"libcudnn.so.{major}")
+def _cudnn_header(v: Mapping[str, str]) -> Payload:
+    major, minor, patch = v["upstream"].split(".")[:3]
     header = (
         "/*\n * ironserve lab stand-in of cudnn_version.h\n */\n#ifndef CUDNN_VERSION_H_\n#define CUDNN_VERSION_H_\n\n"
         f"#define CUDNN_MAJOR {major}\n#define CUDNN_MINOR {minor}\n#define CUDNN_PATCHLEVEL {patch}\n\n"
         "#define CUDNN_VERSION (CUDNN_MAJOR * 1000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL)\n\n#endif\n"
     )
-    return [
-        StandinPackage(f"libcudnn{major}", pkg_version, "cuDNN runtime libraries", lib_files, lib_links),
-        StandinPackage(
-            f"libcudnn{major}-dev",
-            pkg_version,
-            "cuDNN development libraries and headers",
-            {"/usr/include/cudnn_version.h": (header, 0o644)},
-            depends=f"libcudnn{major} (= {pkg_version})",
-        ),
+    return Payload({"/usr/include/cudnn_version.h": (header, 0o644)})
+
+
+# The payloads the data file's `payload:` names; `library:` entries are made by _library.
+PAYLOADS: dict[str, Callable[[Mapping[str, str]], Payload]] = {
+    "nvidia-smi": _nvidia_smi,
+    "driver-version-doc": _driver_version_doc,
+    "nvidia-persistenced": _nvidia_persistenced,
+    "dkms-source": _dkms_source,
+    "dkms-standin": _dkms_standin,
+    "cuda-toolkit": _cuda_toolkit,
+    "cudnn-header": _cudnn_header,
+    "container-cli": _container_cli,
+    "container-toolkit-base": _container_toolkit_base,
+    "container-toolkit-hook": _container_toolkit_hook,
+}
+
+
+# --- the package set: ironserve/lab/files/nvidia-repository.yaml ------------------------------------------------
+
+RELATION_FIELDS = ("pre_depends", "depends")  # what apt must satisfy to install; filtered per directory (below)
+OTHER_FIELDS = ("provides", "conflicts", "breaks")  # carried as the data states them
+_ALTERNATIVE = re.compile(r"^([a-z0-9][a-z0-9+.\-]*)(?::[a-z0-9]+)?\s*(?:\(\s*(<<|<=|=|>=|>>)\s*([^)\s]+)\s*\))?$")
+
+
+def repository_data() -> dict[str, Any]:
+    """The data file: structures (package templates citing their captures) and what each directory serves."""
+    return _parsed(REPOSITORY_DATA.read_text())
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(text: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return data
+
+
+def placeholders(version: str) -> dict[str, str]:
+    """{version}, {upstream}, {upstream3}, {branch}, {major}, {minor} of a package version (see the data file)."""
+    upstream = version.split(":", 1)[-1]
+    upstream = upstream.rsplit("-", 1)[0] if "-" in upstream else upstream
+    parts = upstream.split(".")
+    return {
+        "version": version,
+        "upstream": upstream,
+        "upstream3": ".".join(parts[:3]),
+        "branch": parts[0],
+        "major": parts[0],
+        "minor": parts[1] if len(parts) > 1 else "",
+    }
+
+
+def parse_relations(text: str) -> list[list[tuple[str, str | None, str | None]]]:
+    """`a (= 1) | b, c` -> [[(a, =, 1), (b, None, None)], [(c, None, None)]] (deb-control(5) syntax)."""
+    groups = []
+    for group in (g.strip() for g in " ".join(text.split()).split(",")):
+        if not group:
+            continue
+        alternatives = []
+        for alternative in (a.strip() for a in group.split("|")):
+            match = _ALTERNATIVE.match(alternative)
+            if match is None:
+                raise ValueError(f"not a package relation: {alternative!r} (in {text!r})")
+            alternatives.append((match[1], match[2], match[3]))
+        groups.append(alternatives)
+    return groups
+
+
+def format_relations(groups: list[list[tuple[str, str | None, str | None]]]) -> str:
+    return ", ".join(
+        " | ".join(f"{name} ({op} {version})" if op else name for name, op, version in group) for group in groups
+    )
+
+
+def _render(template: str, values: Mapping[str, str]) -> str:
+    return " ".join(str(template).format_map(values).split())
+
+
+def instantiate(structure: str, version: str, only: Iterable[str] | None = None) -> list[StandinPackage]:
+    """The packages of one structure at `version`, relations as the data states them (not yet filtered)."""
+    spec = repository_data()["structures"][structure]
+    values = placeholders(version)
+    packages = []
+    for template_name, entry in spec["packages"].items():
+        entry = entry or {}
+        name = _render(template_name, values)
+        if only is not None and name not in only:
+            continue
+        payload = PAYLOADS[entry["payload"]](values) if "payload" in entry else Payload()
+        files, links = dict(payload.files), dict(payload.links)
+        if "library" in entry:
+            library = {key: _render(value, values) for key, value in entry["library"].items()}
+            lib_files, lib_links = _library(library["file"], library["version"], library["soname"])
+            files.update(lib_files)
+            links.update(lib_links)
+        own_version = _render(entry.get("version", "{version}"), values)
+        fields = {key: _render(entry.get(key, ""), values) for key in (*RELATION_FIELDS, *OTHER_FIELDS)}
+        packages.append(
+            StandinPackage(
+                name,
+                own_version,
+                _render(entry.get("description", name), values),
+                files,
+                links,
+                postinst=payload.postinst,
+                prerm=payload.prerm,
+                upstream=entry.get("upstream_label", "NVIDIA's"),
+                source=spec.get("source_package", ""),
+                architecture=entry.get("architecture", "amd64"),
+                pre_depends=fields["pre_depends"],
+                depends=fields["depends"],
+                provides=fields["provides"],
+                conflicts=fields["conflicts"],
+                breaks=fields["breaks"],
+            )
+        )
+    return packages
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A relation group left out of a package, because it names only packages neither served nor on a lab host."""
+
+    package: str
+    version: str
+    kind: str  # pre_depends or depends
+    relation: str
+
+
+def _served(packages: list[StandinPackage]) -> set[str]:
+    """Every name a directory satisfies: its packages and what they provide."""
+    names = {p.name for p in packages}
+    for package in packages:
+        names |= {alternative[0] for group in parse_relations(package.provides) for alternative in group}
+    return names
+
+
+def _directory(distro: str) -> tuple[list[StandinPackage], list[Dropped]]:
+    data = repository_data()
+    if distro not in data["repositories"]:
+        raise ValueError(f"the lab mirror serves no {distro} directory (it serves {', '.join(data['repositories'])})")
+    raw = [
+        package
+        for group in data["repositories"][distro]
+        for version in group["versions"]
+        for package in instantiate(group["structure"], str(version), group.get("only"))
     ]
+    available = _served(raw) | set(data["host_packages"])
+    dropped: list[Dropped] = []
+    packages = []
+    for package in raw:
+        kept: dict[str, str] = {}
+        for field_name in RELATION_FIELDS:
+            groups = []
+            for group in parse_relations(getattr(package, field_name)):
+                if any(name in available for name, _, _ in group):
+                    groups.append(group)
+                elif group[0][0] in data["dropped"]:
+                    dropped.append(Dropped(package.name, package.version, field_name, format_relations([group])))
+                else:
+                    raise ValueError(
+                        f"{distro}: {package.name} {package.version} relation {format_relations([group])} names "
+                        "nothing the directory serves or a lab host has, and is not listed under `dropped`"
+                    )
+            kept[field_name] = format_relations(groups)
+        packages.append(dataclasses.replace(package, pre_depends=kept["pre_depends"], depends=kept["depends"]))
+    seen: dict[tuple[str, str], StandinPackage] = {}
+    for package in packages:
+        if seen.setdefault((package.name, package.version), package) != package:
+            raise ValueError(f"{distro}: {package.name} {package.version} is listed twice, differently")
+    return list(seen.values()), dropped
 
 
-def tensorrt_packages(version: str, cuda: str) -> list[StandinPackage]:
-    """tensorrt + libnvinfer8, NVIDIA's version scheme: <trt>-1+cuda<X.Y>."""
-    pkg_version = f"{version}-1+cuda{cuda}"
-    major = version.split(".")[0]
-    lib_files, lib_links = _library("libnvinfer.so", ".".join(version.split(".")[:3]), f"libnvinfer.so.{major}")
-    return [
-        StandinPackage(f"libnvinfer{major}", pkg_version, "TensorRT runtime libraries", lib_files, lib_links),
-        StandinPackage(
-            "tensorrt", pkg_version, "Meta package for TensorRT", depends=f"libnvinfer{major} (= {pkg_version})"
-        ),
-    ]
+def catalog(distro: str = "debian11") -> list[StandinPackage]:
+    """Every package one directory of the mirror offers (debian11: both profiles' pinned sets and the newer
+    decoys; debian12: the low end of NVIDIA's debian12 directory), in the data file's order."""
+    return _directory(distro)[0]
 
 
-def catalog() -> list[StandinPackage]:
-    """Every package the mirror offers: both profiles' pinned sets and the newer decoys."""
-    return [
-        # r740-a10 (primary) pinned set
-        *driver_packages("525.85.02"),
-        cuda_toolkit_package("11.8.0"),
-        *cudnn_packages("8.6.0", "11.8"),
-        *tensorrt_packages("8.6.1.6", "11.8"),
-        *container_toolkit_packages("1.13.5"),  # both profiles
-        dkms_standin_package(),
-        # a100-cuda117 pinned set
-        *driver_packages("515.86.01"),
-        cuda_toolkit_package("11.7.1"),
-        *cudnn_packages("8.5.0", "11.7"),
-        # decoys: newer than the pins, what apt would pick without them
-        *driver_packages("535.129.03"),
-        cuda_toolkit_package("12.2.2"),
-        *cudnn_packages("8.9.7", "12.2"),
-        *tensorrt_packages("8.6.1.6", "12.0"),
-        *container_toolkit_packages("1.17.8"),
-    ]
+def dropped_relations(distro: str = "debian11") -> list[Dropped]:
+    """The relation groups the directory's stand-ins leave out (NVIDIA-MIRROR.md lists them)."""
+    return _directory(distro)[1]
+
+
+def dkms_standin_package() -> StandinPackage:
+    return instantiate("dkms", DKMS_STANDIN_VERSION)[0]
+
+
+def dkms_package(version: str, pkg_version: str) -> StandinPackage:
+    """nvidia-kernel-dkms at `pkg_version` (its upstream `version`): the module source registered with DKMS."""
+    (package,) = instantiate("debian-driver", pkg_version, only=["nvidia-kernel-dkms"])
+    assert placeholders(pkg_version)["upstream"] == version, (version, pkg_version)
+    return package
+
+
+def cuda_toolkit_package(version: str) -> StandinPackage:
+    """cuda-toolkit-X-Y at <version>-1 (NVIDIA's scheme: cuda-toolkit-11-8 11.8.0-1)."""
+    return instantiate("cuda-toolkit", f"{version}-1")[0]
 
 
 # NVIDIA/cuda-samples release tags the mirror serves as stand-in source tarballs, at GitHub's archive path.
 CUDA_SAMPLES_TAGS = ("v11.8", "v11.7")
-RUNFILE_DRIVERS = ("525.85.02", "515.86.01")  # the profiles' drivers, as NVIDIA's download server offers them
+RUNFILE_DRIVERS = ("525.85.12", "515.86.01")  # the profiles' drivers, as NVIDIA's download server offers them
 
 
 def cuda_samples_path(tag: str) -> str:
@@ -719,8 +879,7 @@ def kubernetes_catalog() -> list[StandinPackage]:
 def _build_kubernetes_repository(index_dir: Path) -> None:
     """pkgs.k8s.io's flat layout: the .debs in amd64/, the signed index beside them, and Release.key."""
     (index_dir / "amd64").mkdir(parents=True)
-    for package in kubernetes_catalog():
-        build_deb(package, index_dir / "amd64")
+    build_debs(kubernetes_catalog(), index_dir / "amd64")
     _index_and_sign(index_dir, "ironserve lab Kubernetes mirror", "amd64")
     (index_dir / "Release.key").write_bytes(_gpg("--armor", "--export", KEY_UID))
 
@@ -760,23 +919,40 @@ def _ensure_key() -> None:
     key_path().write_bytes(_gpg("--export", KEY_UID))
 
 
+# Every file's mtime in the .debs and the Release file's Date: the builder's output depends on its inputs alone.
+BUILD_EPOCH = 1675209600  # 2023-02-01, when the profiles' driver 525.85.12 was current
+
+
 def _control(package: StandinPackage, installed_kib: int) -> str:
-    lines = [
-        f"Package: {package.name}",
+    lines = [f"Package: {package.name}"]
+    if package.source:
+        lines.append(f"Source: {package.source}")
+    lines += [
         f"Version: {package.version}",
-        "Architecture: amd64",
+        f"Architecture: {package.architecture}",
         "Maintainer: ironserve lab <lab-mirror@ironserve.invalid>",
         f"Installed-Size: {max(installed_kib, 1)}",
-        f"Section: {package.section}",
-        "Priority: optional",
     ]
-    if package.depends:
-        lines.append(f"Depends: {package.depends}")
+    for title, value in (
+        ("Provides", package.provides),
+        ("Pre-Depends", package.pre_depends),
+        ("Depends", package.depends),
+        ("Conflicts", package.conflicts),
+        ("Breaks", package.breaks),
+    ):
+        if value:
+            lines.append(f"{title}: {value}")
+    lines += [f"Section: {package.section}", "Priority: optional"]
     if package.homepage:
         lines.append(f"Homepage: {package.homepage}")
-    note = f"ironserve lab stand-in with {package.upstream} package name and version."
+    whose = "and a lab version" if "ironservelab" in package.version else "and version"
+    note = f"ironserve lab stand-in with {package.upstream} package name {whose}."
     lines.append(f"Description: {package.description}\n {note}")
     return "\n".join(lines) + "\n"
+
+
+def deb_name(package: StandinPackage) -> str:
+    return f"{package.name}_{package.version.replace(':', '%3a')}_{package.architecture}.deb"
 
 
 def build_deb(package: StandinPackage, out_dir: Path) -> Path:
@@ -804,13 +980,26 @@ def build_deb(package: StandinPackage, out_dir: Path) -> Path:
             if body:
                 (debian / script).write_text(body)
                 (debian / script).chmod(0o755)
-        deb = out_dir / f"{package.name}_{package.version.replace(':', '%3a')}_amd64.deb"
+        for entry in [root, *root.rglob("*")]:
+            os.utime(entry, (BUILD_EPOCH, BUILD_EPOCH), follow_symlinks=False)
+        deb = out_dir / deb_name(package)
         subprocess.run(
             ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
             capture_output=True,
             check=True,
+            env={**os.environ, "SOURCE_DATE_EPOCH": str(BUILD_EPOCH)},
         )
         return deb
+
+
+def build_debs(packages: Iterable[StandinPackage], out_dir: Path) -> dict[tuple[str, str, str], Path]:
+    """Build each package (one .deb per name, version and architecture) in parallel: dpkg-deb runs per package."""
+    unique: dict[tuple[str, str, str], StandinPackage] = {}
+    for package in packages:
+        unique.setdefault((package.name, package.version, package.architecture), package)
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        built = pool.map(lambda package: build_deb(package, out_dir), unique.values())
+        return dict(zip(unique, built, strict=True))
 
 
 def _release(index_dir: Path, label: str) -> str:
@@ -819,7 +1008,7 @@ def _release(index_dir: Path, label: str) -> str:
         "Origin: ironserve-lab",
         f"Label: {label}",
         "Architectures: amd64",
-        f"Date: {formatdate(usegmt=True)}",
+        f"Date: {formatdate(BUILD_EPOCH, usegmt=True)}",
     ]
     for title, algorithm in entries.items():
         lines.append(f"{title}:")
@@ -829,8 +1018,8 @@ def _release(index_dir: Path, label: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _index_and_sign(index_dir: Path, label: str, debs: str = ".") -> None:
-    """Packages (of the .debs under `debs`, relative to `index_dir`), Release, InRelease and Release.gpg."""
+def write_index(index_dir: Path, label: str, debs: str = ".") -> None:
+    """Packages (of the .debs under `debs`, relative to `index_dir`), Packages.gz and Release, unsigned."""
     packages = subprocess.run(
         ["dpkg-scanpackages", "--multiversion", debs, "/dev/null"],
         cwd=index_dir,
@@ -839,18 +1028,60 @@ def _index_and_sign(index_dir: Path, label: str, debs: str = ".") -> None:
     ).stdout
     (index_dir / "Packages").write_bytes(packages)
     (index_dir / "Packages.gz").write_bytes(gzip.compress(packages, mtime=0))
-    release = _release(index_dir, label)
-    (index_dir / "Release").write_text(release)
-    (index_dir / "InRelease").write_bytes(_gpg("--local-user", KEY_UID, "--clearsign", stdin=release.encode()))
-    (index_dir / "Release.gpg").write_bytes(
-        _gpg("--local-user", KEY_UID, "--armor", "--detach-sign", stdin=release.encode())
-    )
+    (index_dir / "Release").write_text(_release(index_dir, label))
+
+
+def _sign(index_dir: Path) -> None:
+    """InRelease and Release.gpg of the Release file, with the mirror's key."""
+    release = (index_dir / "Release").read_bytes()
+    (index_dir / "InRelease").write_bytes(_gpg("--local-user", KEY_UID, "--clearsign", stdin=release))
+    (index_dir / "Release.gpg").write_bytes(_gpg("--local-user", KEY_UID, "--armor", "--detach-sign", stdin=release))
+
+
+def _index_and_sign(index_dir: Path, label: str, debs: str = ".") -> None:
+    write_index(index_dir, label, debs)
+    _sign(index_dir)
+
+
+# Variants of a directory, served under `variants/<name>/<distro>/x86_64/` with the same key: its index less some
+# package versions, which is how a site's mirror that lacks them looks to a host (tests/lab/test_nvidia_repository.py).
+VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "without-pinned-driver": ("debian11", (("nvidia-driver", "525.85.12-1"),)),
+    "without-tensorrt-sibling": ("debian11", (("libnvinfer-bin", "8.6.1.6-1+cuda11.8"),)),
+}
+
+
+def build_nvidia_directories(www: Path, distros: Iterable[str] = DISTROS) -> dict[str, Path]:
+    """NVIDIA's flat layout under `www`: each directory's .debs beside its index (`<distro>/x86_64/`), and the
+    VARIANTS of those directories, unsigned; each .deb built once and hard-linked into every index that serves it.
+    Returns each index folder by its path under `www` without `/x86_64`."""
+    contents = {distro: catalog(distro) for distro in distros}
+    pool = www / "pool"
+    pool.mkdir(parents=True)
+    built = build_debs((package for packages in contents.values() for package in packages), pool)
+    layouts: dict[str, list[StandinPackage]] = dict(contents)
+    for name, (distro, left_out) in VARIANTS.items():
+        if distro in contents:
+            offered = {(p.name, p.version) for p in contents[distro]}
+            assert set(left_out) <= offered, f"variant {name}: {set(left_out) - offered} not in {distro}"
+            layouts[f"variants/{name}/{distro}"] = [p for p in contents[distro] if (p.name, p.version) not in left_out]
+    index_dirs = {}
+    for path, packages in layouts.items():
+        index_dir = www / path / ARCH_DIR
+        index_dir.mkdir(parents=True)
+        for package in packages:
+            deb = built[(package.name, package.version, package.architecture)]
+            os.link(deb, index_dir / deb.name)
+        write_index(index_dir, "ironserve lab NVIDIA mirror")
+        index_dirs[path] = index_dir
+    shutil.rmtree(pool)
+    return index_dirs
 
 
 def _fingerprint() -> str:
-    """What the built repository depends on: this builder, the stand-in programs it ships, the Helm mirror's
-    builder and pins, the key."""
-    sources = (Path(__file__), NVIDIA_SMI, DKMS, KUBERNETES)
+    """What the built repository depends on: this builder, the package data, the stand-in programs it ships, the
+    Helm mirror's builder and pins, the key."""
+    sources = (Path(__file__), REPOSITORY_DATA, NVIDIA_SMI, DKMS, KUBERNETES)
     digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources) + charts.fingerprint())
     if key_path().exists():
         digest.update(key_path().read_bytes())
@@ -869,16 +1100,8 @@ def ensure_built() -> Path:
             if stamp.exists() and stamp.read_text() == _fingerprint():
                 return root / "www"
             staging = Path(tempfile.mkdtemp(prefix="www.", dir=root))
-            debs = staging / "pool"
-            debs.mkdir()
-            built = [build_deb(package, debs) for package in catalog()]
-            for distro in DISTROS:
-                index_dir = staging / distro / ARCH_DIR
-                index_dir.mkdir(parents=True)
-                for deb in built:  # NVIDIA's repositories are flat: the .debs sit beside the index
-                    os.link(deb, index_dir / deb.name)
-                _index_and_sign(index_dir, "ironserve lab NVIDIA mirror")
-            shutil.rmtree(debs)
+            for index_dir in build_nvidia_directories(staging).values():
+                _sign(index_dir)
             _build_kubernetes_repository(staging / kubernetes_repo_path())
             for tag in CUDA_SAMPLES_TAGS:
                 tarball = staging / cuda_samples_path(tag)
