@@ -32,6 +32,9 @@ gpu_servers = site(
     ],
     {
         "ironserve_profile": "r740-a10",
+        # The OS the servers run: one the profile's lock is published for (ubuntu2204, or debian12 from NVIDIA's
+        # debian11 directory); declared, a mistake is refused before any server is contacted.
+        "ironserve_os": "ubuntu2204",
         "ironserve_reboot_policy": "auto",
         "host_tuning_ntp_servers": ["ntp1.example.internal", "ntp2.example.internal"],
         # NVIDIA's CUDA repositories or the site's mirror of them (roles/nvidia appends <os>/x86_64/),

@@ -5,17 +5,35 @@ downgrades to it (apt_preferences(5), "APT's Default Priority Assignments"); `pi
 whole set at once (dependent packages move together) only when a version differs; `held` marks it so
 `apt upgrade` and unattended-upgrades leave it alone, and `unattended_blacklist` says the same to
 unattended-upgrades by name.
+
+A set pinned with `closed=True` is first closed under exact-version dependencies by the host's own apt metadata
+(`closed_pins`, ironserve/aptindex.py): the packages a pinned meta-package depends on with `=` (tensorrt's
+libnvinfer* siblings) are pinned, installed and held with it. The closure is read when each operation runs, so
+on a first deploy it sees the repository the deploy has just configured; `repository_offers` proves, before any
+package moves, that the repository carries the whole set and that apt resolves it.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 
-from ironserve.facts import AptCandidates, AptPackageFiles, DpkgHealth, DpkgPackages
+from ironserve.aptindex import Closure, Index, Lookup, exact_closure
+from ironserve.facts import (
+    AptCandidates,
+    AptMadison,
+    AptPackageFiles,
+    AptProviders,
+    AptShow,
+    AptSimulation,
+    DpkgHealth,
+    DpkgPackages,
+)
 from ironserve.operations import Commands, failing, report
 from ironserve.reads import Read, read, reading_operation
 
@@ -37,6 +55,36 @@ APT_UPDATE = (
 )
 
 
+def metadata_lookup(
+    show: Callable[[tuple[str, ...]], list[str]], providers: Callable[[tuple[str, ...]], Mapping[str, Any]]
+) -> Lookup:
+    """The closure's lookup from a host's apt: `show` answers AptShow's command for name=version specs, and
+    `providers` AptProviders' for the names it knows no real package of (virtual names). The deploy answers them
+    with facts, the acceptance gate with testinfra's commands: both derive the same set."""
+
+    def lookup(wanted: dict[str, str]) -> Index:
+        index = Index.parse(show(tuple(f"{n}={v}" for n, v in sorted(wanted.items()))))
+        absent = tuple(sorted(name for name, version in wanted.items() if index.get(name, version) is None))
+        if absent:
+            for virtual, provided in providers(absent).items():
+                index.providers.setdefault(virtual, set()).update((name, version) for name, version in provided)
+        return index
+
+    return lookup
+
+
+def exact_closure_on_host(pins: dict[str, str]) -> Closure:
+    """`pins` closed as `aptindex.exact_closure` closes them, from the host's apt metadata read now (one
+    `apt-cache show` a depth, and `apt-cache showpkg` where a relation names a virtual package)."""
+    lookup = metadata_lookup(lambda specs: read(AptShow, packages=specs), lambda names: read(AptProviders, names=names))
+    return exact_closure(pins, lookup)
+
+
+def closed_pins(pins: dict[str, str]) -> dict[str, str]:
+    """`pins` and every package their exact-version dependencies reach, at the version they require."""
+    return exact_closure_on_host(pins).pins
+
+
 def preferences(pins: dict[str, str], priority: int, owner: str) -> str:
     """apt preferences pinning each package to its exact version; above 1000 apt also downgrades."""
     stanzas = [f"Package: {name}\nPin: version {version}\nPin-Priority: {priority}\n" for name, version in pins.items()]
@@ -54,8 +102,10 @@ def unattended_blacklist(names: list[str], owner: str) -> str:
 @reading_operation(
     reads=lambda pins, **_: [Read(DpkgPackages, {"patterns": tuple(pins)}), Read(DpkgHealth, {"packages": tuple(pins)})]
 )
-def pinned_install(pins: dict[str, str], recommends: bool = True) -> Commands:
-    """Install exactly `pins` (package -> version), downgrading or replacing held packages when they drifted."""
+def pinned_install(pins: dict[str, str], recommends: bool = True, closed: bool = False) -> Commands:
+    """Install exactly `pins` (package -> version), downgrading or replacing held packages when they drifted;
+    `closed`: with every package their exact-version dependencies reach."""
+    pins = closed_pins(pins) if closed else pins
     installed = read(DpkgPackages, patterns=tuple(pins))
     wrong = {n: v for n, v in pins.items() if n not in installed or installed[n].version != v}
     health = read(DpkgHealth, packages=tuple(n for n in pins if n not in wrong))
@@ -80,7 +130,9 @@ def pinned_install(pins: dict[str, str], recommends: bool = True) -> Commands:
 
 
 @reading_operation(reads=lambda pins, **_: [Read(AptCandidates, {"packages": tuple(pins)})])
-def pins_in_force(pins: dict[str, str], own_file: str, priority_key: str | None = None) -> Commands:
+def pins_in_force(
+    pins: dict[str, str], own_file: str, priority_key: str | None = None, closed: bool = False
+) -> Commands:
     """Stop this host when apt would not install the pinned versions although they are pinned: another
     preferences entry outranks `own_file` (a site's pin of a newer driver). Overriding it would undo an admin's
     deliberate choice, so the host stops naming the setting that outranks it. Read when the deploy runs, after
@@ -88,6 +140,7 @@ def pins_in_force(pins: dict[str, str], own_file: str, priority_key: str | None 
     if not state.is_executing:
         host.noop(f"apt's candidates checked against {own_file} when the deploy runs")
         return
+    pins = closed_pins(pins) if closed else pins
     candidates = read(AptCandidates, packages=tuple(pins))
     outranked = {n: candidates[n] for n, v in pins.items() if candidates.get(n) not in {v, None, "(none)"}}
     if not outranked:
@@ -137,11 +190,57 @@ def installed(packages: list[str], recommends: bool = True) -> Commands:
 
 
 @reading_operation(reads=lambda names, **_: [Read(DpkgPackages, {"patterns": tuple(names)})])
-def held(names: list[str]) -> Commands:
-    """`apt-mark hold` every installed package of `names` that is not held."""
+def held(names: list[str], closed_from: dict[str, str] | None = None) -> Commands:
+    """`apt-mark hold` every installed package of `names` that is not held; with `closed_from` (the pins `names`
+    come from), also every package their exact-version dependencies reach."""
+    names = list(closed_pins(closed_from)) if closed_from is not None else names
     installed = read(DpkgPackages, patterns=tuple(names))
     loose = [n for n in names if n in installed and not installed[n].held]
     if not loose:
         host.noop("held: " + ", ".join(names))
         return
     yield "apt-mark hold " + " ".join(shlex.quote(n) for n in loose)
+
+
+def _problems(closure: Closure) -> list[str]:
+    problems = []
+    for name, version in closure.missing.items():
+        why = f"required by {closure.reached_by[name]} (= {version})" if name in closure.reached_by else "pinned"
+        problems.append(f"{name} {version} ({why}) is not offered")
+    return problems + closure.clashes
+
+
+@reading_operation(
+    reads=lambda pins, **_: [Read(AptShow, {"packages": tuple(f"{n}={v}" for n, v in sorted(pins.items()))})]
+)
+def repository_offers(pins: dict[str, str], repository: str) -> Commands:
+    """Stop this host before any package of the set moves when `repository` does not carry every pinned version
+    and every version their exact-version dependencies require, or when apt cannot install them together
+    (`apt-get install --simulate` of the whole closed set, with the pins in force). The message gives apt's own
+    reasons, the versions missing and what the repositories do offer of them. Read when the deploy runs, after
+    the repository is configured and fetched; nothing to prove while every package is installed at its pin."""
+    if not state.is_executing:
+        host.noop(f"{repository} is checked against the lock when the deploy runs")
+        return
+    closure = exact_closure_on_host(pins)
+    installed = read(DpkgPackages, patterns=tuple(closure.pins))
+    if closure.ok and all(n in installed and installed[n].version == v for n, v in closure.pins.items()):
+        host.noop(f"every one of the {len(closure.pins)} locked packages is installed at its pin")
+        return
+    simulation = read(AptSimulation, packages=tuple(f"{n}={v}" for n, v in closure.pins.items()))
+    if closure.ok and simulation.ok:
+        host.noop(f"apt resolves the whole set of {len(closure.pins)} packages from {repository}")
+        return
+    problems = _problems(closure) + [f"apt: {reason}" for reason in simulation.reasons]
+    if not problems:
+        problems = ["apt-get install --simulate failed without a reason"]
+    missing = sorted(closure.missing)
+    offers = read(AptMadison, packages=tuple(missing)) if missing else {}
+    offered = "; ".join(
+        f"{name}: {', '.join(offers[name][:5]) if offers.get(name) else 'no version at all'}" for name in missing
+    )
+    yield failing(
+        f"the lock cannot be installed from {repository}, so no package was changed: {'; '.join(problems)}"
+        + (f". The repositories offer {offered}" if offered else "")
+        + f" (see `apt-cache policy {' '.join(missing or list(pins))}`)"
+    )

@@ -16,6 +16,8 @@ from ironserve.lock import check_lock
 from ironserve.paths import CHECKOUT
 from ironserve.profiles import available_profiles, read_profile
 from ironserve.registry import registry
+from ironserve.repocheck import check_repository
+from ironserve.repocheck import report as repository_report
 
 
 def _validated(
@@ -153,10 +155,17 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 def cmd_lock(args: argparse.Namespace) -> int:
     profile = read_profile(args.profile)
     violations = check_lock(profile.lock)
-    print(json.dumps(profile.lock.model_dump(), indent=2))
+    if args.check_repo is None:
+        print(json.dumps(profile.lock.model_dump(), indent=2))
     for line in lock_messages(args.profile, violations):
         print(line, file=sys.stderr)
-    return 1 if violations else 0
+    if args.check_repo is None or violations:
+        return 1 if violations else 0
+    if "://" not in args.check_repo and args.os is None:
+        raise ValueError(f"--check-repo {args.check_repo}: a Packages file is one repository; name its OS with --os")
+    checks = check_repository(profile, args.check_repo, [args.os] if args.os else list(profile.platforms))
+    print("\n".join(repository_report(profile, checks)))
+    return 1 if any(check.problems for check in checks) else 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -210,6 +219,13 @@ def parser() -> argparse.ArgumentParser:
 
     lock = sub.add_parser("lock", help="print a profile's pinned set and check its compatibility rules")
     lock.add_argument("--profile", default="r740-a10", choices=available_profiles())
+    lock.add_argument(
+        "--check-repo",
+        metavar="URL|FILE",
+        help="check the lock against a repository: the base URL of NVIDIA's CUDA repositories or a site mirror "
+        "(its <dir>/x86_64/Packages.gz for each OS), or a Packages file with --os",
+    )
+    lock.add_argument("--os", help="the OS to check (ubuntu2204, debian12); default: every OS the profile supports")
     lock.set_defaults(func=cmd_lock)
     return top
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ironserve.lock import LockViolation, StackLock, check_lock
 from ironserve.packages import package_violations
@@ -65,6 +65,14 @@ class StackBase(BaseModel):
         "set it gets.",
     )
     profile: Profile
+    os: str | None = Field(
+        None,
+        alias="ironserve_os",
+        pattern=r"^[a-z]+[0-9]+$",
+        description="The host's OS as /etc/os-release names it (`ubuntu2204`, `debian12`). Declared, an OS the "
+        "profile's lock is not published for is refused before any host is contacted; a host whose own OS differs "
+        "stops before any package moves. None: checked on the host only.",
+    )
     roles: tuple[str, ...] = Field(
         alias="ironserve_roles",
         description='The roles this run applies, a list or "a,b" (kept in deploy order); `ironserve deploy --roles` '
@@ -94,6 +102,12 @@ class StackBase(BaseModel):
     @property
     def lock(self) -> StackLock:
         return self.profile.lock
+
+    @model_validator(mode="after")
+    def _os_supported(self) -> StackBase:
+        if self.os is not None:
+            self.profile.repository_for(self.os)  # ValueError naming the OS, the profile and the supported ones
+        return self
 
 
 S = TypeVar("S", bound=StackBase)
@@ -490,7 +504,7 @@ def _profile(host: str, given: Mapping[str, Any]) -> tuple[Profile | None, list[
     if overrides is not None and not isinstance(overrides, Mapping):
         return None, [
             f"host {host}: ironserve_lock: expected a mapping of lock component to value such as "
-            f"{{'driver': '525.85.02'}} (got {shown(overrides, ('ironserve_lock',))})"
+            f"{{'driver': '525.85.12'}} (got {shown(overrides, ('ironserve_lock',))})"
         ]
     try:
         profile = Profile.model_validate(profile_data(name, overrides))

@@ -214,6 +214,121 @@ class AptCandidates(FactBase[dict[str, str]]):
         return candidates
 
 
+# The stanza fields the exact-version closure reads (ironserve/aptindex.py): the rest of `apt-cache show` is dropped
+# on the host, so a round carries a few lines per package.
+SHOWN_FIELDS = "^(Package|Version|Provides|Pre-Depends|Depends):|^$"
+
+
+class AptShow(FactBase[list[str]]):
+    """`apt-cache show name=version ...` of the versions apt knows, cut to the fields of their relations; a
+    version apt does not know is left out (apt-cache prints nothing for it). Parsed by `aptindex.Index`."""
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    def command(self, packages: Iterable[str]) -> str:
+        wanted = " ".join(shlex.quote(p) for p in packages)
+        return f"apt-cache show {wanted} 2>/dev/null | grep -E '{SHOWN_FIELDS}' || true"
+
+    def process(self, output: Iterable[str]) -> list[str]:
+        return list(output)
+
+
+# apt-cache showpkg's lines a provider lookup reads: each package's name, its Reverse Provides heading and entries.
+SHOWPKG_LINES = "^Package: |^Reverse Provides:|^[^ ]+ [^ ]+ [(]"
+
+
+# apt-cache showpkg's lines a provider lookup reads: each package's name, its Reverse Provides heading and entries.
+SHOWPKG_LINES = "^Package: |^Reverse Provides:|^[^ ]+ [^ ]+ [(]"
+
+
+class AptProviders(FactBase[dict[str, list[tuple[str, str]]]]):
+    """The real package versions that provide each of the virtual `names` (`apt-cache showpkg`'s Reverse Provides:
+    `provider version (= )` lines under each `Package:`), as the host's repositories offer them."""
+
+    @staticmethod
+    def default() -> dict[str, list[tuple[str, str]]]:
+        return {}
+
+    def command(self, names: Iterable[str]) -> str:
+        wanted = " ".join(shlex.quote(n) for n in names)
+        return f"apt-cache showpkg {wanted} 2>/dev/null | grep -E '{SHOWPKG_LINES}' || true"
+
+    def process(self, output: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+        providers: dict[str, set[tuple[str, str]]] = {}
+        name, reverse = None, False
+        for line in output:
+            if line.startswith("Package: "):
+                name, reverse = line.split()[1], False
+            elif line.startswith("Reverse Provides:"):
+                reverse = True
+            elif reverse and name:
+                provider, version, *_ = line.split()
+                providers.setdefault(name, set()).add((provider, version))
+        return {name: sorted(found) for name, found in providers.items()}
+
+
+@dataclass(frozen=True)
+class Simulation:
+    ok: bool
+    reasons: list[str]  # apt's own lines saying why not: unmet dependencies and errors
+
+
+# The lines of apt-get's answer that say why a set cannot be installed (apt-get(8) prints them after this heading).
+UNMET_HEADING = "The following packages have unmet dependencies:"
+
+
+class AptSimulation(FactBase[Simulation]):
+    """Whether `apt-get install --simulate` of exactly `packages` (name=version), with the preferences in force,
+    succeeds: nothing is installed, apt's resolver only says whether the whole set resolves together."""
+
+    def command(self, packages: Iterable[str]) -> str:
+        wanted = " ".join(shlex.quote(p) for p in packages)
+        return (
+            "LC_ALL=C apt-get install --simulate -q --allow-downgrades --allow-change-held-packages "
+            f'{wanted} 2>&1; echo "apt-get exit $?"'
+        )
+
+    def process(self, output: Iterable[str]) -> Simulation:
+        return parse_simulation(list(output))
+
+
+def parse_simulation(lines: list[str]) -> Simulation:
+    """apt-get's output and the closing `apt-get exit N` line -> whether it resolved, and apt's reasons."""
+    status = next((line.split()[-1] for line in reversed(lines) if line.startswith("apt-get exit ")), "1")
+    reasons, unmet = [], False
+    for line in lines:
+        if line.startswith(UNMET_HEADING):
+            unmet = True
+        elif line.startswith(("E: ", "W: Unable")):
+            reasons.append(line)
+        elif unmet and line.startswith(" ") and line.strip():
+            reasons.append(" ".join(line.split()))
+        elif unmet:
+            unmet = False
+    return Simulation(ok=status == "0", reasons=reasons)
+
+
+class AptMadison(FactBase[dict[str, list[str]]]):
+    """Every version of `packages` the host's repositories offer (`apt-cache madison`), in apt's order."""
+
+    @staticmethod
+    def default() -> dict[str, list[str]]:
+        return {}
+
+    def command(self, packages: Iterable[str]) -> str:
+        return "apt-cache madison " + " ".join(shlex.quote(p) for p in packages) + " 2>/dev/null || true"
+
+    def process(self, output: Iterable[str]) -> dict[str, list[str]]:
+        versions: dict[str, list[str]] = {}
+        for line in output:
+            parts = [part.strip() for part in line.split("|")]
+            if len(parts) >= 3 and parts[0] and parts[1] and parts[1] not in versions.get(parts[0], []):
+                versions.setdefault(parts[0], []).append(parts[1])
+        return versions
+
+
 class AptPackageFiles(FactBase[list[str]]):
     """The repositories apt has fetched an index of (`apt-cache policy`'s package files), as URLs: what apt
     will install from, whatever sources.list.d says."""

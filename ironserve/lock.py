@@ -25,7 +25,7 @@ VersionText = Annotated[str, AfterValidator(_valid_version)]
 # Table 3 of the CUDA Toolkit release notes). We require the toolkit's own minimum rather than
 # relying on minor-version compatibility, because that excludes PTX JIT, which Triton-based
 # engines need (CUDA Compatibility guide, "Minor Version Compatibility" limitations); the R740 build notes this
-# project follows saw torch report no GPU with CUDA 12.1 on driver 525.85.02.
+# project follows saw torch report no GPU with CUDA 12.1 on driver 525.85.12.
 CUDA_MINIMUM_DRIVER: dict[str, str] = {
     "11.7": "515.43.04",
     "11.8": "520.61.05",

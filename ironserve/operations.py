@@ -7,6 +7,7 @@ from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import FindInFile
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
@@ -32,6 +33,12 @@ def failing(message: str) -> StringCommand:
     """A command that fails this host with `message` on stderr. pyinfra then stops this host only and the others
     go on to the results table; an OperationError raised by an operation would stop the whole run, every host."""
     return StringCommand("echo", QuoteString(message), ">&2;", "exit", "1")
+
+
+@operation()
+def stop_host(reason: str) -> Commands:
+    """Stop this host with `reason` before anything else of it runs; the other hosts go on."""
+    yield failing(reason)
 
 
 @reading_operation(reads=lambda key, **_: [Read(SysctlState, {"keys": (key,)}), Read(ContainerKind)])

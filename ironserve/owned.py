@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import shlex
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from io import BytesIO
 from typing import Any
@@ -133,13 +133,15 @@ def _ownership(path: str, shape: PathShape, mode: str, user: str, group: str, fr
 @reading_operation(reads=lambda path, **_: [Read(OwnedPath, {"path": path})])
 def owned_file(
     path: str,
-    content: str | bytes,
+    content: str | bytes | Callable[[], str | bytes],
     mode: str = "644",
     user: str = "root",
     group: str = "root",
     clear_immutable: bool = False,
 ) -> Commands:
-    """`path` is a regular file with exactly `content`, `mode` and owner, whatever was there before."""
+    """`path` is a regular file with exactly `content`, `mode` and owner, whatever was there before. A callable
+    `content` is computed when the operation runs (from facts that an earlier operation of the deploy changes)."""
+    content = content() if callable(content) else content
     data = content.encode() if isinstance(content, str) else content
     shape = read(OwnedPath, path=path)
     wrong_shape = shape.kind not in {"file", "absent"}

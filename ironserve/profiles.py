@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ironserve.lock import StackLock
 from ironserve.packages import AptPackages
@@ -60,7 +60,31 @@ class Profile(BaseModel):
     gpu: GpuSpec
     lock: StackLock
     hardware: HardwareSpec | None = None  # None: the profile states no hardware expectations
-    packages: AptPackages | None = None  # exact apt versions of the lock per target OS
+    # Host OS (`ubuntu2204`, `debian12`: /etc/os-release's ID and VERSION_ID) -> the directory of NVIDIA's CUDA
+    # repository its lock is installed from. An OS not listed is one the lock is not published for.
+    platforms: dict[str, str] = Field(default_factory=dict)
+    packages: AptPackages | None = None  # repository directory -> the lock's exact apt versions there
+
+    @model_validator(mode="after")
+    def _platforms_have_packages(self) -> Profile:
+        unpinned = sorted({d for d in self.platforms.values() if d not in (self.packages or {})})
+        if unpinned:
+            raise ValueError(f"platforms name repository directories with no packages section: {', '.join(unpinned)}")
+        return self
+
+    def supported(self) -> str:
+        """The OS releases the lock is published for, for a message."""
+        return ", ".join(f"{os_key} (from {directory})" for os_key, directory in self.platforms.items()) or "none"
+
+    def repository_for(self, os_key: str) -> str:
+        """The repository directory a host of `os_key` installs the lock from; ValueError naming the supported
+        OS releases when the lock is not published for it."""
+        if os_key not in self.platforms:
+            raise ValueError(
+                f"the OS {os_key or 'unknown'} is not one profile {self.name}'s lock is published for; "
+                f"supported: {self.supported()}"
+            )
+        return self.platforms[os_key]
 
 
 def available_profiles() -> list[str]:

@@ -1,4 +1,4 @@
-"""Version strings as NVIDIA and Debian write them (525.85.02, 11.8.0, 8.6.1.6, 0.6.1.post1)."""
+"""Version strings as NVIDIA and Debian write them (525.85.12, 11.8.0, 8.6.1.6, 0.6.1.post1)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ VERSION_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)*(\.post[0-9]+)?")
 
 @total_ordering
 class Version:
-    """Dotted numeric version compared part by part (so 525.85.02 > 525.60.13 and 12.10 > 12.9)."""
+    """Dotted numeric version compared part by part (so 525.85.12 > 525.60.13 and 12.10 > 12.9)."""
 
     def __init__(self, text: str) -> None:
         if not isinstance(text, str) or not VERSION_PATTERN.fullmatch(text):
-            raise ValueError(f"malformed version {text!r}: expected dotted numbers such as 525.85.02")
+            raise ValueError(f"malformed version {text!r}: expected dotted numbers such as 525.85.12")
         self.text = text
         self.parts = tuple(int(p) for p in text.replace(".post", ".").split("."))
 

@@ -18,8 +18,8 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations import systemd
 
 from ironserve.apt import held, pinned_install, pins_in_force, preferences
-from ironserve.facts import ContainerKind
-from ironserve.operations import Commands, live_sysctl, service_state
+from ironserve.facts import ContainerKind, OsDistro
+from ironserve.operations import Commands, live_sysctl, service_state, stop_host
 from ironserve.owned import backed_up, backup_path, owned_directory, owned_file, unmasked
 from ironserve.reads import Read, read, reading_operation
 from ironserve.run import HostRun
@@ -139,15 +139,20 @@ def container_runtime(config: StackConfig, run: HostRun) -> None:
     if settings.swap_off:
         swap_off(name="Swap off and kept off")
 
+    try:
+        packages = settings.packages_for(read(OsDistro))
+    except ValueError as unknown:
+        stop_host(name="containerd's versions are known for this OS", reason=f"host {config.host}: {unknown}")
+        return
     owned_file(
         name="Pin containerd packages",
         path=PIN_FILE,
-        content=preferences(settings.packages, PIN_PRIORITY, "roles/container_runtime"),
+        content=preferences(packages, PIN_PRIORITY, "roles/container_runtime"),
         clear_immutable=frozen,
     )
-    pins_in_force(name="apt's candidates are containerd's pins", pins=settings.packages, own_file=PIN_FILE)
-    pinned_install(name="Install containerd (pinned)", pins=settings.packages, recommends=False)
-    held(name="Hold containerd packages", names=list(settings.packages))
+    pins_in_force(name="apt's candidates are containerd's pins", pins=packages, own_file=PIN_FILE)
+    pinned_install(name="Install containerd (pinned)", pins=packages, recommends=False)
+    held(name="Hold containerd packages", names=list(packages))
 
     nvidia_cli_cgroups(name="NVIDIA container CLI keeps cgroups", path=NVIDIA_CLI_CONFIG, clear_immutable=frozen)
     # containerd runs CNI binaries as root and loads their configs: root-only down from the folder above them.

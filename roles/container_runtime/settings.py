@@ -89,14 +89,29 @@ def _size(value: str) -> str:
     return value
 
 
+# containerd and runc from the OS's own archive, per OS (/etc/os-release's ID and VERSION_ID): a Debian revision
+# does not exist on Ubuntu. Each version shown real by a capture of that archive:
+# debian12: bookworm's containerd 1.6.20~ds1-1+deb12u3 and runc 1.1.5+ds1-1+deb12u1 (`apt-cache policy`,
+#   tests/data/realworld/apt/containerd-runc-policy-debian12-local);
+# ubuntu2204: jammy-updates' containerd 1.7.12-0ubuntu2~22.04.1 and runc 1.1.12-0ubuntu2~22.04.1 (an apt install
+#   log, tests/data/realworld/apt/containerd-1.7.12-runc-1.1.12-jammy-updates-install-log). jammy-updates carries
+#   only its newest build, so a site keeps this one on its mirror or names its own in container_runtime_packages.
+OS_PACKAGES: dict[str, dict[str, str]] = {
+    "debian12": {"containerd": "1.6.20~ds1-1+deb12u3", "runc": "1.1.5+ds1-1+deb12u1"},
+    "ubuntu2204": {"containerd": "1.7.12-0ubuntu2~22.04.1", "runc": "1.1.12-0ubuntu2~22.04.1"},
+}
+
+
 class ContainerRuntimeSettings(RoleSettings):
     """Settings of roles/container_runtime."""
 
-    packages: dict[PackageName, PackageVersion] = Field(
-        default_factory=lambda: {"containerd": "1.6.20~ds1-1+deb12u3", "runc": "1.1.5+ds1-1+deb12u1"},
+    packages: dict[PackageName, PackageVersion] | None = Field(
+        None,
         alias="container_runtime_packages",
-        description="Debian packages at exact versions: apt preferences (priority 1001, so apt also "
-        "downgrades), one install of the set, `apt-mark hold`.",
+        description="OS packages at exact versions: apt preferences (priority 1001, so apt also downgrades), one "
+        "install of the set, `apt-mark hold`. None: the host's OS's own (debian12: containerd "
+        "1.6.20~ds1-1+deb12u3, runc 1.1.5+ds1-1+deb12u1; ubuntu2204: containerd 1.7.12-0ubuntu2~22.04.1, runc "
+        "1.1.12-0ubuntu2~22.04.1).",
     )
     default_runtime: Literal["runc", "nvidia"] = Field(
         "runc",
@@ -198,10 +213,21 @@ class ContainerRuntimeSettings(RoleSettings):
 
     @field_validator("packages")
     @classmethod
-    def _containerd_listed(cls, value: dict[str, str]) -> dict[str, str]:
-        if "containerd" not in value:
+    def _containerd_listed(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and "containerd" not in value:
             raise ValueError("containerd must be listed with its pinned version")
         return value
+
+    def packages_for(self, os_key: str) -> dict[str, str]:
+        """The pinned set on a host of `os_key`; ValueError naming the key when none is known for that OS."""
+        if self.packages is not None:
+            return self.packages
+        if os_key not in OS_PACKAGES:
+            raise ValueError(
+                f"no containerd and runc versions are known for {os_key or 'this OS'} (known: "
+                f"{', '.join(OS_PACKAGES)}); name them in container_runtime_packages"
+            )
+        return OS_PACKAGES[os_key]
 
     @model_validator(mode="after")
     def _devmapper_has_pool(self) -> ContainerRuntimeSettings:

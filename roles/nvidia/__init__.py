@@ -25,16 +25,18 @@ from pyinfra.operations.util import any_changed
 
 from ironserve.apt import (
     apt_updated,
+    closed_pins,
     held,
     installed,
     pinned_install,
     pins_in_force,
     preferences,
     repository_fetched,
+    repository_offers,
     unattended_blacklist,
 )
 from ironserve.facts import ContainerKind, OsDistro
-from ironserve.operations import line_replaced, service_state
+from ironserve.operations import line_replaced, service_state, stop_host
 from ironserve.owned import (
     DOWNLOADS,
     downloaded,
@@ -95,12 +97,27 @@ WantedBy=multi-user.target
 """
 
 
-def repository_url(repo_url: str, distro: str) -> str:
-    return f"{repo_url}/{distro}/x86_64/"
+def repository_url(repo_url: str, directory: str) -> str:
+    return f"{repo_url}/{directory}/x86_64/"
 
 
-def sources_line(repo_url: str, distro: str) -> str:
-    return f"deb [signed-by={KEYRING}] {repository_url(repo_url, distro)} /\n"
+def sources_line(repo_url: str, directory: str) -> str:
+    return f"deb [signed-by={KEYRING}] {repository_url(repo_url, directory)} /\n"
+
+
+def platform_refusal(config: StackConfig, os_key: str) -> str | None:
+    """Why this host cannot take the profile's lock (its OS is not one the lock is published for, or not the OS
+    the inventory declares), or None."""
+    if config.os is not None and config.os != os_key:
+        return (
+            f"host {config.host}: its /etc/os-release says {os_key or 'nothing known'}, the inventory declares "
+            f"ironserve_os {config.os}; nothing was changed"
+        )
+    try:
+        config.profile.repository_for(os_key)
+    except ValueError as refused:
+        return f"host {config.host}: {refused}; nothing was changed"
+    return None
 
 
 def cuda_home_of(config: StackConfig) -> str:
@@ -144,19 +161,24 @@ def driver_reboot(driver: str) -> RebootCheck:
 @deploy("NVIDIA stack")
 def nvidia(config: StackConfig, run: HostRun) -> None:
     lock, settings = config.lock, config.nvidia
-    distro = read(OsDistro)
-    pins = pinned_packages(config.profile.packages, distro, without=settings.skipped_components())
-    if not pins:
-        known = ", ".join(sorted(config.profile.packages or {})) or "none"
-        raise OperationError(
-            f"host {config.host}: profile {config.profile_name} pins no packages for {distro} (profiles have: {known})"
-        )
+    os_key = read(OsDistro)
+    refusal = platform_refusal(config, os_key)
+    if refusal:  # before any package moves: the first operation of the role that installs the lock
+        stop_host(name="The lock is published for this host's OS", reason=refusal)
+        return
+    directory = config.profile.repository_for(os_key)
+    pins = pinned_packages(config.profile.packages, directory, without=settings.skipped_components())
     runfile = settings.driver_method == "runfile"
 
     refuse_secure_boot(name="Secure Boot gate", shim_validation_disabled=settings.shim_validation_disabled)
     if settings.kernel_headers:
         kernel_headers(name="Kernel headers for the running and installed kernels", driver=lock.driver)
-    _repository(config, distro, pins)
+    _repository(config, directory, pins)
+    repository_offers(
+        name="The repository offers the whole lock (apt-get --simulate)",
+        pins=pins,
+        repository=repository_url(config.nvidia.repo_url or "", directory),
+    )
     owned_file(
         name="Blacklist nouveau",
         path=NOUVEAU_BLACKLIST,
@@ -172,13 +194,14 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
         pins=pins,
         own_file=PREFERENCES,
         priority_key="nvidia_pin_priority",
+        closed=True,
     )
-    pinned_install(name="Install the locked NVIDIA packages", pins=pins)
-    held(name="Hold the locked NVIDIA packages", names=list(pins))
-    apt_driver = tuple((config.profile.packages or {}).get(distro, {}).get("driver", {}))
-    remove_strays(
-        name="Remove NVIDIA packages beside the lock", keep=list(pins), lock=lock, also=apt_driver if runfile else ()
-    )
+    pinned_install(name="Install the locked NVIDIA packages", pins=pins, closed=True)
+    held(name="Hold the locked NVIDIA packages", names=list(pins), closed_from=pins)
+    # The runfile replaces the apt driver: its packages go, with every sibling their relations pinned.
+    apt_driver = (config.profile.packages or {}).get(directory, {}).get("driver", {})
+    also = tuple(closed_pins(dict(apt_driver))) if runfile else ()
+    remove_strays(name="Remove NVIDIA packages beside the lock", keep=list(pins), lock=lock, also=also)
     if runfile:
         _runfile(config)
     if settings.dkms:
@@ -200,7 +223,7 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
     run.reboots.append(driver_reboot(lock.driver))
 
 
-def _repository(config: StackConfig, distro: str, pins: dict[str, str]) -> None:
+def _repository(config: StackConfig, directory: str, pins: dict[str, str]) -> None:
     settings = config.nvidia
     assert settings.repo_url is not None and settings.repo_key is not None  # nvidia_deployable
     frozen = config.clear_immutable
@@ -214,22 +237,24 @@ def _repository(config: StackConfig, distro: str, pins: dict[str, str]) -> None:
     source = owned_file(
         name="NVIDIA repository (signed-by)",
         path=SOURCES_LIST,
-        content=sources_line(settings.repo_url, distro),
+        content=sources_line(settings.repo_url, directory),
         clear_immutable=frozen,
     )
     # apt knows a restored source or key only after it fetched the index again (not only when a version moves).
     apt_updated(name="apt reads the NVIDIA repository again", _if=any_changed(key, source))
-    repository_fetched(name="apt has fetched the NVIDIA repository", url=repository_url(settings.repo_url, distro))
+    repository_fetched(name="apt has fetched the NVIDIA repository", url=repository_url(settings.repo_url, directory))
+    # The pins and the blacklist cover the packages the lock's exact-version dependencies reach, as the repository
+    # just fetched states them: computed when these operations run.
     owned_file(
         name="Pin the locked versions",
         path=PREFERENCES,
-        content=preferences(pins, settings.pin_priority, OWNER),
+        content=lambda: preferences(closed_pins(pins), settings.pin_priority, OWNER),
         clear_immutable=frozen,
     )
     owned_file(
         name="Keep unattended-upgrades off the lock",
         path=UNATTENDED_BLACKLIST,
-        content=unattended_blacklist(list(pins), OWNER),
+        content=lambda: unattended_blacklist(list(closed_pins(pins)), OWNER),
         clear_immutable=frozen,
     )
 

@@ -101,7 +101,7 @@ DPKG_FIELDS = "${Package}\\t${Version}\\t${db:Status-Abbrev}\\n"
 
 
 def parse_module_version(lines: list[str]) -> str | None:
-    """`525.85.02` (sysfs) or `NVRM version: NVIDIA UNIX x86_64 Kernel Module  525.85.02  Wed Jan ...` -> version."""
+    """`525.85.12` (sysfs) or `NVRM version: NVIDIA UNIX x86_64 Kernel Module  525.85.12  Wed Jan ...` -> version."""
     for line in lines:
         text = line.strip()
         if re.fullmatch(r"\d+\.\d+(?:\.\d+)?", text):
@@ -215,8 +215,8 @@ def stack_problems(observed: StackObserved, driver: str, cuda: str, cudnn: str, 
 
 # --- DKMS: the module built for every installed kernel ------------------------------------------------------------
 
-# `dkms status` lines for an installed nvidia module: dkms 3 `nvidia-current/525.85.02, 6.1.0-13-amd64, x86_64:
-# installed`, dkms 2 `nvidia, 525.85.02, 5.15.0-91-generic, x86_64: installed` (a warning may follow).
+# `dkms status` lines for an installed nvidia module: dkms 3 `nvidia-current/525.85.12, 6.1.0-13-amd64, x86_64:
+# installed`, dkms 2 `nvidia, 525.85.12, 5.15.0-91-generic, x86_64: installed` (a warning may follow).
 DKMS_INSTALLED = re.compile(r"^(nvidia[\w-]*)(?:/|,\s*)([^,\s]+),\s*([^,\s]+),\s*[^:]+:\s*installed")
 
 
@@ -359,7 +359,7 @@ class RunfileDriver(FactBase[RunfileObserved]):
 
 
 def parse_runfile(lines: list[str]) -> RunfileObserved:
-    """`nvidia-installer:  version 525.85.02 ...` and the log's `nvidia-installer command line:` block."""
+    """`nvidia-installer:  version 525.85.12 ...` and the log's `nvidia-installer command line:` block."""
     found = sections(lines)
     version = None
     for line in found.get("version", []):

@@ -43,7 +43,7 @@ def is_stray(name: str, version: str, lock: StackLock) -> bool:
 
     cuda-toolkit-X-Y[-...] belongs to CUDA line X.Y (its own version is the component's, e.g. 11.8.89-1), and
     cuda-toolkit-config-common is shared by every line; the other families carry the lock's versions in theirs
-    (nvidia-driver-bin 525.85.02-1, libnvinfer-plugin8 8.6.1.6-1+cuda11.8).
+    (nvidia-driver-bin 525.85.12-1, libnvinfer-plugin8 8.6.1.6-1+cuda11.8).
     """
     if name.startswith("cuda-drivers"):
         return True

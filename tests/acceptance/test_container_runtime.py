@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ironserve.apt import preferences
+from ironserve.facts import parse_os_release
 from ironserve.sysctl_boot import SysctlBootOrder, boot_overrides
 from roles import StackConfig
 from roles.container_runtime import PIN_FILE, PIN_PRIORITY, SYSCTL_FILE
@@ -33,13 +34,20 @@ def test_containerd_running_and_answering(host: Any, observe: Any) -> None:
     assert version.succeeded and "Server:" in version.stdout
 
 
+def _pins(host: Any, config: StackConfig) -> dict[str, str]:
+    """containerd's pinned set for this host's OS (the setting, or the OS's own default)."""
+    os_key = parse_os_release(host.run(". /etc/os-release && echo $ID $VERSION_ID").stdout.split())
+    return config.container_runtime.packages_for(os_key)
+
+
 @pytest.mark.invariant("cri-containerd")
 def test_containerd_package_pinned_and_held(host: Any, config: StackConfig, observe: Any) -> None:
     held = host.run("apt-mark showhold").stdout.split()
-    versions = {name: host.package(name).version for name in config.container_runtime.packages}
+    pins = _pins(host, config)
+    versions = {name: host.package(name).version for name in pins}
     observe({"versions": versions, "held": held})
-    assert versions == config.container_runtime.packages
-    assert set(config.container_runtime.packages) <= set(held)
+    assert versions == pins
+    assert set(pins) <= set(held)
 
 
 @pytest.mark.invariant("cri-containerd")
@@ -47,7 +55,7 @@ def test_containerd_pin_file_is_the_rendered_one(host: Any, config: StackConfig,
     # Without the pin above 1000, the next `apt upgrade` after an unhold moves containerd off its version.
     pins = host.file(PIN_FILE)
     content = pins.content_string if pins.exists else None
-    expected = preferences(config.container_runtime.packages, PIN_PRIORITY, "roles/container_runtime")
+    expected = preferences(_pins(host, config), PIN_PRIORITY, "roles/container_runtime")
     observe("missing" if content is None else "as rendered" if content == expected else "differs from the rendering")
     assert content == expected
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ironserve.facts import parse_os_release
 from ironserve.sysctl_boot import SysctlBootOrder, boot_overrides
 from roles import StackConfig
 
@@ -113,11 +114,11 @@ def test_clock_synchronised(host: Any, container_kind: str | None, observe: Any)
 
 
 @pytest.mark.invariant("os-ubuntu-2204")
-def test_supported_os(host: Any, observe: Any) -> None:
-    release = (host.system_info.distribution, host.system_info.release)
-    observe(release)
-    supported = {("ubuntu", "22.04"), ("debian", "12")}
-    assert (release[0], release[1].split(".")[0] if release[0] == "debian" else release[1]) in supported
+def test_supported_os(host: Any, config: StackConfig, observe: Any) -> None:
+    """The host's OS is one the profile's lock is published for (its `platforms`), read from /etc/os-release."""
+    os_key = parse_os_release(host.run(". /etc/os-release && echo $ID $VERSION_ID").stdout.split())
+    observe(f"{os_key or 'unknown'}; profile {config.profile_name} supports {config.profile.supported()}")
+    assert os_key in config.profile.platforms
 
 
 @pytest.mark.invariant("net-retransmit-threshold")

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from ironserve.facts import AptCandidates
+from ironserve.apt import metadata_lookup
+from ironserve.aptindex import exact_closure
+from ironserve.facts import AptCandidates, AptProviders, AptShow
 from ironserve.lock import FORBIDDEN_DRIVERS
 from ironserve.packages import distro_key, pinned_packages
 from roles import StackConfig
@@ -40,13 +42,30 @@ def _distro(host: Any) -> str:
     return distro_key(os_id, version)
 
 
+def _directory(host: Any, config: StackConfig) -> str:
+    """The repository directory the profile installs this host's OS from (ValueError: an OS it does not support)."""
+    return config.profile.repository_for(_distro(host))
+
+
 def _pins(host: Any, config: StackConfig) -> dict[str, str]:
-    return pinned_packages(config.profile.packages, _distro(host), without=config.nvidia.skipped_components())
+    """The lock's packages for this host and every package their exact-version dependencies reach, as the host's
+    apt metadata states them (the deploy pins, installs and holds the same set)."""
+    roots = pinned_packages(
+        config.profile.packages, _directory(host, config), without=config.nvidia.skipped_components()
+    )
+
+    def show(specs: tuple[str, ...]) -> list[str]:
+        return AptShow().process(host.run(AptShow().command(specs)).stdout.splitlines())
+
+    def providers(names: tuple[str, ...]) -> dict[str, list[tuple[str, str]]]:
+        return AptProviders().process(host.run(AptProviders().command(names)).stdout.splitlines())
+
+    return exact_closure(roots, metadata_lookup(show, providers)).pins
 
 
 def _repository_line(host: Any, config: StackConfig) -> str:
     assert config.nvidia.repo_url is not None, "nvidia_repo_url is not set (the role refuses to deploy without it)"
-    return sources_line(config.nvidia.repo_url, _distro(host))
+    return sources_line(config.nvidia.repo_url, _directory(host, config))
 
 
 def _repository_uri(host: Any, config: StackConfig) -> str:
@@ -407,7 +426,7 @@ def test_module_is_dkms_built_for_every_installed_kernel(host: Any, config: Stac
     status = host.run("dkms status").stdout
     driver = re.escape(config.lock.driver)
     built = {}
-    for k in kernels:  # dkms 3: `nvidia-current/525.85.02, <k>, x86_64: installed`; dkms 2: `nvidia, 525.85.02, ...`
+    for k in kernels:  # dkms 3: `nvidia-current/525.85.12, <k>, x86_64: installed`; dkms 2: `nvidia, 525.85.12, ...`
         listed = re.search(rf"^nvidia[\w-]*(/|, ){driver}, {re.escape(k)}, [^:]+: installed", status, re.M)
         main = host.run(f"ls /lib/modules/{k}/updates/dkms/ | grep -Eqx 'nvidia(-current)?\\.ko(\\.(xz|zst|gz))?'")
         built[k] = bool(listed) and main.succeeded

@@ -23,6 +23,7 @@ SECURITY_RUNTIME = ("security", "container_runtime")
 pytestmark = pytest.mark.lab
 CONFIG = "/etc/containerd/config.toml"
 SETTINGS = stack_config("lab", {}).container_runtime
+PACKAGES = SETTINGS.packages_for("debian12")  # the lab hosts are Debian 12: Debian's own containerd and runc
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +50,9 @@ def test_containerd_pinned_running_and_answering(converged: LabHost) -> None:
     assert dump.count("SystemdCgroup = true") == 2  # runc and nvidia
     assert f'BinaryName = "{SETTINGS.nvidia_binary}"' in dump
     versions = remote.run(converged, "dpkg-query -W -f '${Package} ${Version}\\n' containerd runc").split("\n")
-    assert sorted(filter(None, versions)) == sorted(f"{k} {v}" for k, v in SETTINGS.packages.items())
-    assert set(remote.run(converged, "apt-mark showhold").split()) >= set(SETTINGS.packages)
-    assert "Pin: version " + SETTINGS.packages["containerd"] in remote.run(
-        converged, "cat /etc/apt/preferences.d/*containerd"
-    )
+    assert sorted(filter(None, versions)) == sorted(f"{k} {v}" for k, v in PACKAGES.items())
+    assert set(remote.run(converged, "apt-mark showhold").split()) >= set(PACKAGES)
+    assert "Pin: version " + PACKAGES["containerd"] in remote.run(converged, "cat /etc/apt/preferences.d/*containerd")
 
 
 def test_kernel_prerequisites_reported_not_forced_in_a_container(converged: LabHost) -> None:

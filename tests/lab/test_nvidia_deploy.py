@@ -13,6 +13,7 @@ host's own mount namespace holding nvidia/version, because the real module does 
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from ironserve.aptindex import Index, exact_closure
 from ironserve.lab import aptrepo, remote
 from ironserve.lab.deploying import deploy, verify
 from ironserve.lab.state import LabHost
@@ -32,10 +34,9 @@ from roles import stack_config
 from tests.lab.conftest import lab_containers
 
 pytestmark = pytest.mark.lab
-PINS = pinned_packages(stack_config("lab", {}).profile.packages, "debian12")
 DPKG = "dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n' "
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
-DRIVER = "525.85.02"
+DRIVER = "525.85.12"
 STANDIN_KERNELS = ("6.1.0-901-standin", "6.1.0-902-standin")
 REBOOT_FILES = "/run/reboot-required /run/ironserve/reboot-required"
 # The NVIDIA role and the one that edits its container toolkit's config; other roles have their own lab tests.
@@ -69,8 +70,18 @@ def _outcome(gate: subprocess.CompletedProcess[str], test: str) -> str:
     return found.group(1) if found else f"not run: {gate.stdout[-3000:]}"
 
 
+@functools.cache
+def pins() -> dict[str, str]:
+    """The lock's packages for a Debian 12 host and every package their relations pin, derived from the lab mirror's
+    own index as the host's apt derives them (ironserve/aptindex.py)."""
+    profile = stack_config("lab", {}).profile
+    directory = profile.repository_for("debian12")
+    index = Index.parse((aptrepo.ensure_built() / directory / "x86_64" / "Packages").read_text())
+    return exact_closure(pinned_packages(profile.packages, directory), lambda wanted: index).pins
+
+
 def _installed(host: LabHost) -> dict[str, tuple[str, str]]:
-    out = remote.run(host, DPKG + " ".join(PINS) + " 2>/dev/null || true")
+    out = remote.run(host, DPKG + " ".join(pins()) + " 2>/dev/null || true")
     return {name: (version, status.strip()) for name, version, status in (ln.split(" ", 2) for ln in out.splitlines())}
 
 
@@ -89,10 +100,10 @@ def test_host_gets_exactly_the_lock_although_newer_versions_are_offered(converge
     policy = remote.run(host, "apt-cache policy libcudnn8 nvidia-driver")
     assert "8.9.7.29-1+cuda12.2" in policy and "535.129.03-1" in policy
     installed = _installed(host)
-    assert {name: version for name, (version, _) in installed.items()} == PINS
+    assert {name: version for name, (version, _) in installed.items()} == pins()
     assert all(status.startswith("hi") for _, status in installed.values()), installed  # held
     smi = remote.run(host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u")
-    assert smi.split() == ["525.85.02"]
+    assert smi.split() == ["525.85.12"]
     assert "release 11.8" in remote.run(host, "/usr/local/cuda-11.8/bin/nvcc --version")
     assert remote.run(host, "readlink -f /usr/local/cuda").strip() == "/usr/local/cuda-11.8"
 
@@ -102,7 +113,7 @@ def test_stand_in_nvidia_smi_reports_the_hardware_profile(converged: LabHost) ->
     rows = remote.run(host, "nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total --format=csv,noheader")
     assert rows.splitlines()[0] == "0, NVIDIA A10, 00000000:3B:00.0, 23028 MiB"
     assert len(rows.splitlines()) == 4
-    assert "Driver Version                        : 525.85.02" in remote.run(host, "nvidia-smi -q")
+    assert "Driver Version                        : 525.85.12" in remote.run(host, "nvidia-smi -q")
     assert "GPU0\t X \tNODE\tSYS\tSYS" in remote.run(host, "nvidia-smi topo -m")
     # nvidia-persistenced runs, so persistence mode reads Enabled, as on a real host.
     assert remote.run(host, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader").split()[0] == "Enabled"
@@ -131,7 +142,7 @@ def test_drift_is_restored_then_zero_changes_and_gate_passes(converged: LabHost)
     restored = deploy([host], roles=STACK)
     assert restored.returncode == 0, restored.output
     installed = _installed(host)
-    assert {name: version for name, (version, _) in installed.items()} == PINS
+    assert {name: version for name, (version, _) in installed.items()} == pins()
     assert all(status.startswith("hi") for _, status in installed.values()), installed
     assert "Pin: version 8.6.0.163-1+cuda11.8" in remote.run(host, "cat /etc/apt/preferences.d/ironserve-nvidia.pref")
     assert remote.run(host, "systemctl is-enabled nvidia-persistenced").strip() == "enabled"
@@ -241,7 +252,7 @@ def test_dkms_builds_for_every_kernel_of_a_stand_in_kernel_tree(converged: LabHo
 def test_driver_change_through_the_reboot_policy_with_a_simulated_loaded_module(
     converged: LabHost, tmp_path: Path
 ) -> None:
-    """Simulated loaded module: /sys/module/nvidia/version says 515.86.01 while the userland is 525.85.02.
+    """Simulated loaded module: /sys/module/nvidia/version says 515.86.01 while the userland is 525.85.12.
 
     defer (the lab containers' policy) writes the marker and the reason, and a re-run changes nothing; never only
     reports; auto on a container host defers too (its kernel is the machine's). The gate fails meanwhile.
@@ -307,7 +318,7 @@ def test_cuda_samples_source_staged_from_the_mirror_checksum_checked(converged: 
 
 @pytest.mark.invariant("drv-install-runfile-flags", "drv-no-distro-driver")
 def test_runfile_method_replaces_the_apt_driver_and_back(converged: LabHost, tmp_path: Path) -> None:
-    """nvidia_driver_method runfile: the mirror's stand-in NVIDIA-Linux-x86_64-525.85.02.run, SHA-256 checked.
+    """nvidia_driver_method runfile: the mirror's stand-in NVIDIA-Linux-x86_64-525.85.12.run, SHA-256 checked.
 
     On a container host the role passes --no-kernel-module instead of --dkms (the kernel is the machine's).
     Switching back to apt runs nvidia-uninstall and reinstalls the pinned packages.
@@ -339,6 +350,6 @@ def test_runfile_method_replaces_the_apt_driver_and_back(converged: LabHost, tmp
         back = deploy([host], roles=NVIDIA)
         assert back.returncode == 0, back.output
     assert remote.run(host, "ls /usr/bin/nvidia-uninstall 2>/dev/null || true").strip() == ""
-    assert {name: version for name, (version, _) in _installed(host).items()} == PINS
+    assert {name: version for name, (version, _) in _installed(host).items()} == pins()
     again = deploy([host], roles=NVIDIA)
     assert (again.returncode, again.changed) == (0, 0), again.output

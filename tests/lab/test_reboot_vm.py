@@ -38,7 +38,7 @@ from roles.nvidia.facts import MODULE_VERSION_COMMAND, parse_module_version
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm]
 ROLES = ("nvidia", "host_tuning")  # deploy order (the registry's): nvidia's need is recorded first
-DRIVER = "525.85.02"  # the lab profile's lock
+DRIVER = "525.85.12"  # the lab profile's lock
 OLD_MODULE = "515.86.01"  # the module the host booted with, before the driver change
 CGROUP_ARG = "systemd.unified_cgroup_hierarchy=1"
 REBOOT_FILES = "/run/reboot-required /run/ironserve/reboot-required"

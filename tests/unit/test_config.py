@@ -16,7 +16,7 @@ from roles import REGISTRY, stack_config
 def test_defaults_build_the_primary_profile() -> None:
     config = stack_config("h1", {})
     assert config.profile.name == "r740-a10"
-    assert config.lock.driver == "525.85.02"
+    assert config.lock.driver == "525.85.12"
     assert config.host_tuning.sysctls["net.ipv4.ip_local_port_range"] == "32768\t60999"
     assert config.reboot_policy == "defer"
 
@@ -140,7 +140,7 @@ MESSAGE_RULES = [
     ({"ironserve_profile": ["r740-a10"]}, ["ironserve_profile: unknown profile ['r740-a10'] (accepted: "], []),
     ({"ironserve_profile": {"name": "r740-a10"}}, ["ironserve_profile: unknown profile {'name': 'r740-a10'}"], []),
     (
-        {"ironserve_lock": ["driver", "525.85.02"]},
+        {"ironserve_lock": ["driver", "525.85.12"]},
         ["ironserve_lock: expected a mapping of lock component to value"],
         [],
     ),
@@ -259,3 +259,23 @@ def test_pyinfra_keys_are_accepted_and_come_from_pyinfra(site_data: dict[str, ob
 def test_host_names_are_plain_ascii(host: str) -> None:
     with pytest.raises(ConfigError, match=r"the host name is not plain ASCII without spaces"):
         stack_config(host, {})
+
+
+def test_a_declared_os_outside_the_profile_is_refused_before_any_host() -> None:
+    with pytest.raises(ConfigError) as error:
+        stack_config("r740-01", {"ironserve_os": "ubuntu2004"})
+    assert "the OS ubuntu2004 is not one profile r740-a10's lock is published for" in str(error.value)
+    assert "supported: ubuntu2204 (from ubuntu2204), debian12 (from debian11)" in str(error.value)
+    assert stack_config("r740-01", {"ironserve_os": "ubuntu2204"}).os == "ubuntu2204"
+    with pytest.raises(ConfigError, match="ironserve_os"):
+        stack_config("r740-01", {"ironserve_os": "Ubuntu 22.04; rm -rf /"})
+
+
+def test_containerd_versions_are_the_host_os_s_own() -> None:
+    settings = stack_config("r740-01", {}).container_runtime
+    assert settings.packages_for("debian12") == {"containerd": "1.6.20~ds1-1+deb12u3", "runc": "1.1.5+ds1-1+deb12u1"}
+    assert settings.packages_for("ubuntu2204")["containerd"] == "1.7.12-0ubuntu2~22.04.1"
+    with pytest.raises(ValueError, match="name them in container_runtime_packages"):
+        settings.packages_for("rhel9")
+    pinned = stack_config("r740-01", {"container_runtime_packages": {"containerd": "1.7.0-1"}}).container_runtime
+    assert pinned.packages_for("rhel9") == {"containerd": "1.7.0-1"}  # the site's own pins, whatever the OS

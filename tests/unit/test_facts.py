@@ -73,10 +73,10 @@ def test_container_kind() -> None:
 
 
 def test_sections_split_marked_command_output_verbatim() -> None:
-    output = ["ignored before any marker", "== version", "nvidia-installer:  version 525.85.02", "", "== log"]
+    output = ["ignored before any marker", "== version", "nvidia-installer:  version 525.85.12", "", "== log"]
     output += ["nvidia-installer command line:", "    --silent", "== empty", "== log", "appended"]
     assert sections(output) == {
-        "version": ["nvidia-installer:  version 525.85.02", ""],
+        "version": ["nvidia-installer:  version 525.85.12", ""],
         "log": ["nvidia-installer command line:", "    --silent", "appended"],
         "empty": [],
     }

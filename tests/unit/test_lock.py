@@ -16,7 +16,7 @@ def _primary(**changes: object) -> StackLock:
 @pytest.mark.invariant("drv-version", "cuda-version", "cudnn-version", "tensorrt-version", "drv-driver-cuda-compat")
 def test_primary_profile_is_the_seed_set_and_compatible() -> None:
     lock = read_profile("r740-a10").lock
-    assert (lock.driver, lock.cuda, lock.cuda_runfile) == ("525.85.02", "11.8.0", "cuda_11.8.0_520.61.05_linux.run")
+    assert (lock.driver, lock.cuda, lock.cuda_runfile) == ("525.85.12", "11.8.0", "cuda_11.8.0_520.61.05_linux.run")
     assert (lock.cudnn.version, lock.tensorrt and lock.tensorrt.version) == ("8.6.0", "8.6.1.6")
     assert check_lock(lock) == []
 
@@ -49,7 +49,7 @@ def test_current_vllm_needs_a_newer_driver_and_the_lock_says_what_works() -> Non
     )
     [violation] = check_lock(_primary(engine=engine))
     assert violation.rule == "engine-runs-on-driver"
-    assert "driver 525.85.02 runs CUDA <= 12.0" in violation.message
+    assert "driver 525.85.12 runs CUDA <= 12.0" in violation.message
     assert "vllm 0.6.1.post1+cu118" in violation.message
     assert ">= 575.51.03" in violation.message
 
@@ -69,9 +69,9 @@ def test_engine_torch_build_must_match_engine_cuda() -> None:
 
 
 def test_versions_compare_numerically() -> None:
-    assert Version("525.85.02") > Version("525.60.13")
+    assert Version("525.85.12") > Version("525.60.13")
     assert Version("12.10") > Version("12.9")
-    assert newest_cuda_for_driver("525.85.02") == "12.0"
+    assert newest_cuda_for_driver("525.85.12") == "12.0"
     assert newest_cuda_for_driver("400.1") is None
     with pytest.raises(ValueError, match="malformed version"):
         Version("11.8-beta")
@@ -83,5 +83,5 @@ def test_a_profile_read_again_is_the_file_whatever_an_earlier_reader_changed() -
     first["lock"]["driver"] = "changed"
     first["server"]["model"] = "changed"
     again = profile_data("r740-a10")
-    assert (again["lock"]["driver"], again["lock"]["cudnn"]["version"]) == ("525.85.02", "8.6.0")
+    assert (again["lock"]["driver"], again["lock"]["cudnn"]["version"]) == ("525.85.12", "8.6.0")
     assert again["server"]["model"] != "changed"

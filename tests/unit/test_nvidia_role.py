@@ -46,12 +46,13 @@ DKMS = Path(aptrepo.__file__).with_name("standin_dkms.py")
 def test_every_profile_pins_apt_versions_that_agree_with_its_lock(profile: str) -> None:
     loaded = read_profile(profile)
     assert package_violations(loaded.lock, loaded.packages) == []
-    assert set(loaded.packages or {}) == {"debian12", "ubuntu2204"}
+    assert set(loaded.packages or {}) == {"debian11", "ubuntu2204"}
+    assert set(loaded.platforms.values()) <= set(loaded.packages or {})
 
 
 def test_primary_profile_pins_the_locked_versions() -> None:
-    pins = pinned_packages(read_profile("r740-a10").packages, "debian12")
-    assert pins["nvidia-driver"] == "525.85.02-1"
+    pins = pinned_packages(read_profile("r740-a10").packages, "debian11")
+    assert pins["nvidia-driver"] == "525.85.12-1"
     assert pins["cuda-toolkit-11-8"] == "11.8.0-1"
     assert pins["libcudnn8"] == "8.6.0.163-1+cuda11.8"
     assert pins["tensorrt"] == "8.6.1.6-1+cuda11.8"
@@ -60,7 +61,7 @@ def test_primary_profile_pins_the_locked_versions() -> None:
 
 def test_a_cudnn_package_built_for_cuda_12_is_refused() -> None:
     lock = read_profile("r740-a10").lock
-    bad = {"debian12": {"cudnn": {"libcudnn8": "8.6.0.163-1+cuda12.0"}, "gpu": {"x": "1"}}}
+    bad = {"debian11": {"cudnn": {"libcudnn8": "8.6.0.163-1+cuda12.0"}, "gpu": {"x": "1"}}}
     messages = [v.message for v in package_violations(lock, bad)]
     assert any("libcudnn8 8.6.0.163-1+cuda12.0 is not the lock's cudnn" in m and "+cuda11.8" in m for m in messages)
     assert any("unknown component 'gpu'" in m for m in messages)
@@ -70,7 +71,7 @@ def test_lock_override_that_breaks_the_packages_is_refused_before_any_host() -> 
     with pytest.raises(ConfigError) as error:
         stack_config("r740-01", {"ironserve_lock": {"driver": "535.129.03"}})
     assert "host r740-01: ironserve_lock: rule packages-match-lock failed" in str(error.value)
-    assert "nvidia-driver 525.85.02-1 is not the lock's driver" in str(error.value)
+    assert "nvidia-driver 525.85.12-1 is not the lock's driver" in str(error.value)
 
 
 def test_pin_priority_below_1001_is_refused() -> None:
@@ -153,7 +154,7 @@ def test_shim_validation_policy_is_a_checked_setting() -> None:
 
 
 STACK_OUTPUT = """== smi
-525.85.02
+525.85.12
 == module
 == cudnn
 #define CUDNN_MAJOR 8
@@ -173,9 +174,9 @@ release 11.8
 def test_stack_parser_and_a_matching_host() -> None:
     observed = parse_stack(STACK_OUTPUT)
     assert observed == StackObserved(
-        ["525.85.02"], None, "8.6.0", "11.8.0", "11.8", ["/usr/local/cuda-11.8"], "/usr/local/cuda-11.8"
+        ["525.85.12"], None, "8.6.0", "11.8.0", "11.8", ["/usr/local/cuda-11.8"], "/usr/local/cuda-11.8"
     )
-    assert stack_problems(observed, "525.85.02", "11.8.0", "8.6.0", "/usr/local/cuda-11.8") == []
+    assert stack_problems(observed, "525.85.12", "11.8.0", "8.6.0", "/usr/local/cuda-11.8") == []
 
 
 # /usr/local/cuda-11.8/version.json of a real CUDA 11.8.0 install, joined into one line as the fact's `tr -d '\n'`
@@ -196,21 +197,21 @@ def test_a_real_cuda_118_host_matches_its_lock() -> None:
     """version.json's date-stamped 11.8.20220929 is CUDA 11.8; the package says which 11.8: 11.8.0."""
     observed = parse_stack(_real_118_host())
     assert observed.cuda_version == "11.8.20220929" and observed.toolkit_packages == {"cuda-toolkit-11-8": "11.8.0-1"}
-    assert stack_problems(observed, "525.85.02", "11.8.0", "8.6.0", "/usr/local/cuda-11.8") == []
+    assert stack_problems(observed, "525.85.12", "11.8.0", "8.6.0", "/usr/local/cuda-11.8") == []
 
 
 def test_cuda_drift_is_named_by_line_and_by_package() -> None:
     home = "/usr/local/cuda-11.8"
     update = parse_stack(_real_118_host("11.8.1-1"))  # another 11.8 release behind the same line
-    assert stack_problems(update, "525.85.02", "11.8.0", "8.6.0", home) == [
+    assert stack_problems(update, "525.85.12", "11.8.0", "8.6.0", home) == [
         "dpkg has cuda-toolkit-11-8 11.8.1-1, lock CUDA 11.8.0"
     ]
-    other_line = StackObserved(["525.85.02"], None, "8.6.0", "12.2.20230823", "11.8", [home], home)
-    assert stack_problems(other_line, "525.85.02", "11.8.0", "8.6.0", home) == [
+    other_line = StackObserved(["525.85.12"], None, "8.6.0", "12.2.20230823", "11.8", [home], home)
+    assert stack_problems(other_line, "525.85.12", "11.8.0", "8.6.0", home) == [
         f"{home}/version.json says CUDA 12.2.20230823, lock 11.8.0 (CUDA 11.8)"
     ]
-    undated = StackObserved(["525.85.02"], None, "8.6.0", "12.4.1", "12.4", [], "/usr/local/cuda-12.4")
-    assert stack_problems(undated, "525.85.02", "12.4.1", "8.6.0", "/usr/local/cuda-12.4") == []  # no date stamp
+    undated = StackObserved(["525.85.12"], None, "8.6.0", "12.4.1", "12.4", [], "/usr/local/cuda-12.4")
+    assert stack_problems(undated, "525.85.12", "12.4.1", "8.6.0", "/usr/local/cuda-12.4") == []  # no date stamp
     assert cuda_line("11.8.20220929") == cuda_line("11.8.0") == cuda_line("11.8") == "11.8"
     assert cuda_line(None) is None and cuda_line("garbage") is None
     assert upstream_version("1:11.8.0-1") == "11.8.0"
@@ -218,16 +219,16 @@ def test_cuda_drift_is_named_by_line_and_by_package() -> None:
 
 def test_stack_problems_name_each_drift() -> None:
     observed = StackObserved(
-        ["535.129.03"], "525.85.02", "8.9.7", "11.8.0", "11.8", ["/usr/local/cuda-11.8", "/usr/local/cuda-12.2"], None
+        ["535.129.03"], "525.85.12", "8.9.7", "11.8.0", "11.8", ["/usr/local/cuda-11.8", "/usr/local/cuda-12.2"], None
     )
-    problems = stack_problems(observed, "525.85.02", "11.8.0", "8.6.0", "/usr/local/cuda-11.8")
+    problems = stack_problems(observed, "525.85.12", "11.8.0", "8.6.0", "/usr/local/cuda-11.8")
     text = "\n".join(problems)
-    assert "nvidia-smi reports driver 535.129.03, lock 525.85.02" in text
+    assert "nvidia-smi reports driver 535.129.03, lock 525.85.12" in text
     assert "cuDNN 8.9.7, lock 8.6.0" in text
     assert "/usr/local/cuda-12.2" in text
     assert "/usr/local/cuda resolves to None" in text
-    module = StackObserved(["525.85.02"], "520.61.05", "8.6.0", "11.8.0", "11.8", ["/usr/local/cuda-11.8"], "/x")
-    assert any("reboot needed" in p for p in stack_problems(module, "525.85.02", "11.8.0", "8.6.0", "/x"))
+    module = StackObserved(["525.85.12"], "520.61.05", "8.6.0", "11.8.0", "11.8", ["/usr/local/cuda-11.8"], "/x")
+    assert any("reboot needed" in p for p in stack_problems(module, "525.85.12", "11.8.0", "8.6.0", "/x"))
 
 
 def test_generated_apt_files() -> None:
@@ -254,12 +255,12 @@ def test_mirror_cuda_toolkit_ships_version_json_as_nvidia_writes_it() -> None:
     cuda = STACK_OUTPUT.index("== cuda")
     lines = [*STACK_OUTPUT[: cuda + 1], text.replace("\n", ""), *STACK_OUTPUT[cuda + 2 :]]
     observed = parse_stack([*lines, "== packages", f"{package.name}\t{package.version}\tii "])
-    assert stack_problems(observed, "525.85.02", "11.8.0", "8.6.0", "/usr/local/cuda-11.8") == []
+    assert stack_problems(observed, "525.85.12", "11.8.0", "8.6.0", "/usr/local/cuda-11.8") == []
 
 
 def test_mirror_offers_the_pinned_set_and_newer_decoys() -> None:
     offered = {(p.name, p.version) for p in aptrepo.catalog()}
-    for name, version in pinned_packages(read_profile("r740-a10").packages, "debian12").items():
+    for name, version in pinned_packages(read_profile("r740-a10").packages, "debian11").items():
         assert (name, version) in offered
     decoys = {("nvidia-driver", "535.129.03-1"), ("cuda-toolkit-12-2", "12.2.2-1")}
     decoys |= {("libcudnn8", "8.9.7.29-1+cuda12.2"), ("tensorrt", "8.6.1.6-1+cuda12.0")}
@@ -274,20 +275,20 @@ def _smi(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     source = SMI.read_text().replace("/etc/ironserve-lab/hardware.json", str(hardware))
     script = tmp_path / "nvidia_smi.py"
     script.write_text(source)
-    env = {**os.environ, "IRONSERVE_STANDIN_DRIVER": "525.85.02", "IRONSERVE_STANDIN_CUDA": "12.0"}
+    env = {**os.environ, "IRONSERVE_STANDIN_DRIVER": "525.85.12", "IRONSERVE_STANDIN_CUDA": "12.0"}
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env)
 
 
 def test_stand_in_nvidia_smi_formats(tmp_path: Path) -> None:
     csv = _smi(tmp_path, "--query-gpu=index,name,memory.total,driver_version", "--format=csv").stdout.splitlines()
     assert csv[0] == "index, name, memory.total [MiB], driver_version"
-    assert csv[1] == "0, NVIDIA A10, 23028 MiB, 525.85.02"
+    assert csv[1] == "0, NVIDIA A10, 23028 MiB, 525.85.12"
     nounits = _smi(tmp_path, "--query-gpu=memory.total,pci.bus_id", "--format=csv,noheader,nounits").stdout
     assert nounits.splitlines()[0] == "23028, 00000000:3B:00.0"
     bad = _smi(tmp_path, "--query-gpu=bogus", "--format=csv")
     assert bad.returncode == 2 and 'Field "bogus" is not a valid field to query.' in bad.stderr
     full = _smi(tmp_path, "-q").stdout
-    assert "Driver Version                        : 525.85.02" in full
+    assert "Driver Version                        : 525.85.12" in full
     assert "CUDA Version                          : 12.0" in full
     topo = _smi(tmp_path, "topo", "-m").stdout.splitlines()
     assert topo[0].split("\t")[1:5] == ["GPU0", "GPU1", "GPU2", "GPU3"]
@@ -300,13 +301,13 @@ def test_stand_in_nvidia_smi_formats(tmp_path: Path) -> None:
 def test_container_toolkit_is_pinned_with_the_lock_unless_switched_off() -> None:
     loaded = read_profile("r740-a10")
     assert loaded.lock.container_toolkit == "1.13.5"
-    pins = pinned_packages(loaded.packages, "debian12")
+    pins = pinned_packages(loaded.packages, "debian11")
     toolkit = ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools")
     assert {pins[name] for name in (*toolkit, "libnvidia-container1")} == {"1.13.5-1"}
-    assert pins["nvidia-kernel-dkms"] == "525.85.02-1"
+    assert pins["nvidia-kernel-dkms"] == "525.85.12-1"
     off = stack_config("r740-01", {"nvidia_container_toolkit": False}).nvidia.skipped_components()
-    assert "nvidia-container-toolkit" not in pinned_packages(loaded.packages, "debian12", without=off)
-    bad = {"debian12": {"container_toolkit": {"nvidia-container-toolkit": "1.17.8-1"}}}
+    assert "nvidia-container-toolkit" not in pinned_packages(loaded.packages, "debian11", without=off)
+    bad = {"debian11": {"container_toolkit": {"nvidia-container-toolkit": "1.17.8-1"}}}
     assert "is not the lock's container_toolkit" in package_violations(loaded.lock, bad)[0].message
 
 
@@ -333,34 +334,34 @@ DKMS_STATUS = [
     "file /lib/modules/6.1.0-13-amd64/updates/dkms/nvidia-current.ko",
     "file /lib/modules/6.1.0-18-amd64/updates/dkms/nvidia-current.ko",
     "dkms-present",
-    "dkms nvidia-current/525.85.02, 6.1.0-13-amd64, x86_64: installed",
+    "dkms nvidia-current/525.85.12, 6.1.0-13-amd64, x86_64: installed",
     "dkms nvidia-current/535.129.03, 6.1.0-18-amd64, x86_64: installed (WARNING! Diff between built and installed)",
-    "dkms nvidia, 525.85.02, 5.15.0-91-generic, x86_64: installed",
-    "dkms nvidia-current/525.85.02: added",
+    "dkms nvidia, 525.85.12, 5.15.0-91-generic, x86_64: installed",
+    "dkms nvidia-current/525.85.12: added",
 ]
 
 
 def test_dkms_parser_and_the_kernels_that_lack_the_module() -> None:
     observed = parse_dkms(DKMS_STATUS)
     assert observed.kernels == ["6.1.0-13-amd64", "6.1.0-18-amd64"]
-    assert observed.installed["5.15.0-91-generic"] == ["525.85.02"]  # dkms 2's comma format
+    assert observed.installed["5.15.0-91-generic"] == ["525.85.12"]  # dkms 2's comma format
     assert observed.dkms
-    # 6.1.0-18 has a module, but of another driver version: it lacks 525.85.02.
-    assert dkms_lacking(observed, "525.85.02") == ["6.1.0-18-amd64"]
-    files_gone = DkmsObserved(["k1"], {"k1": ["525.85.02"]}, {}, True)
-    assert dkms_lacking(files_gone, "525.85.02") == ["k1"]  # dkms says installed, the file is gone
-    only_uvm = DkmsObserved(["k1"], {"k1": ["525.85.02"]}, {"k1": ["nvidia-current-uvm.ko"]}, True)
-    assert dkms_lacking(only_uvm, "525.85.02") == ["k1"]  # the main module is what loads the driver
-    xz = DkmsObserved(["k1"], {"k1": ["525.85.02"]}, {"k1": ["nvidia.ko.xz", "nvidia-uvm.ko.xz"]}, True)
-    assert dkms_lacking(xz, "525.85.02") == []
-    assert dkms_lacking(parse_dkms([]), "525.85.02") == []  # a container: no kernel image
+    # 6.1.0-18 has a module, but of another driver version: it lacks 525.85.12.
+    assert dkms_lacking(observed, "525.85.12") == ["6.1.0-18-amd64"]
+    files_gone = DkmsObserved(["k1"], {"k1": ["525.85.12"]}, {}, True)
+    assert dkms_lacking(files_gone, "525.85.12") == ["k1"]  # dkms says installed, the file is gone
+    only_uvm = DkmsObserved(["k1"], {"k1": ["525.85.12"]}, {"k1": ["nvidia-current-uvm.ko"]}, True)
+    assert dkms_lacking(only_uvm, "525.85.12") == ["k1"]  # the main module is what loads the driver
+    xz = DkmsObserved(["k1"], {"k1": ["525.85.12"]}, {"k1": ["nvidia.ko.xz", "nvidia-uvm.ko.xz"]}, True)
+    assert dkms_lacking(xz, "525.85.12") == []
+    assert dkms_lacking(parse_dkms([]), "525.85.12") == []  # a container: no kernel image
 
 
 @pytest.mark.parametrize(
     ("lines", "version"),
     [
-        (["525.85.02"], "525.85.02"),
-        (["NVRM version: NVIDIA UNIX x86_64 Kernel Module  525.85.02  Wed Jan  4 22:01:41 UTC 2023"], "525.85.02"),
+        (["525.85.12"], "525.85.12"),
+        (["NVRM version: NVIDIA UNIX x86_64 Kernel Module  525.85.12  Wed Jan  4 22:01:41 UTC 2023"], "525.85.12"),
         (["NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.129.03  Release Build"], "535.129.03"),
         ([], None),
     ],
@@ -372,13 +373,13 @@ def test_loaded_module_version_from_sysfs_or_procfs(lines: list[str], version: s
 def test_driver_change_needs_a_reboot_until_the_module_matches() -> None:
     loaded = parse_loaded_module(["== nvidia", "515.86.01", "== nouveau"])
     assert loaded == ModuleObserved("515.86.01", False)
-    assert "module is 515.86.01, the installed driver 525.85.02: reboot needed" in str(
-        driver_reboot_reason(loaded, "525.85.02")
+    assert "module is 515.86.01, the installed driver 525.85.12: reboot needed" in str(
+        driver_reboot_reason(loaded, "525.85.12")
     )
-    assert driver_reboot_reason(ModuleObserved("525.85.02"), "525.85.02") is None
-    assert driver_reboot_reason(ModuleObserved(None, False), "525.85.02") is None  # no GPU, or loaded on first use
+    assert driver_reboot_reason(ModuleObserved("525.85.12"), "525.85.12") is None
+    assert driver_reboot_reason(ModuleObserved(None, False), "525.85.12") is None  # no GPU, or loaded on first use
     nouveau = parse_loaded_module(["== nvidia", "== nouveau", "loaded"])
-    assert "nouveau is loaded" in str(driver_reboot_reason(nouveau, "525.85.02"))
+    assert "nouveau is loaded" in str(driver_reboot_reason(nouveau, "525.85.12"))
 
 
 def _dkms(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -388,7 +389,7 @@ def _dkms(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_stand_in_dkms_keeps_dkms_rules_and_status_format(tmp_path: Path) -> None:
     """The lab's stand-in: refuses a kernel without headers like dkms, and its status reads as the product expects."""
-    package = aptrepo.dkms_package("525.85.02", "525.85.02-1")
+    package = aptrepo.dkms_package("525.85.12", "525.85.12-1")
     for path, (content, _) in package.files.items():
         if path.startswith("/usr/src/"):
             (tmp_path / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
@@ -396,20 +397,20 @@ def test_stand_in_dkms_keeps_dkms_rules_and_status_format(tmp_path: Path) -> Non
     for kernel in ("6.1.0-lab1-amd64", "6.1.0-lab2-amd64"):
         (tmp_path / f"lib/modules/{kernel}").mkdir(parents=True)
     (tmp_path / "lib/modules/6.1.0-lab1-amd64/build").mkdir()
-    assert _dkms(tmp_path, "add", "-m", "nvidia-current", "-v", "525.85.02").returncode == 0
-    assert _dkms(tmp_path, "status").stdout == "nvidia-current/525.85.02: added\n"
+    assert _dkms(tmp_path, "add", "-m", "nvidia-current", "-v", "525.85.12").returncode == 0
+    assert _dkms(tmp_path, "status").stdout == "nvidia-current/525.85.12: added\n"
     refused = _dkms(tmp_path, "autoinstall", "-k", "6.1.0-lab2-amd64")
     assert refused.returncode == 1 and "kernel headers for kernel 6.1.0-lab2-amd64 cannot be found" in refused.stderr
     assert _dkms(tmp_path, "autoinstall", "-k", "6.1.0-lab1-amd64").returncode == 0
     status = _dkms(tmp_path, "status").stdout.splitlines()
-    assert status == ["nvidia-current/525.85.02, 6.1.0-lab1-amd64, x86_64: installed"]
+    assert status == ["nvidia-current/525.85.12, 6.1.0-lab1-amd64, x86_64: installed"]
     modules = sorted(p.name for p in (tmp_path / "lib/modules/6.1.0-lab1-amd64/updates/dkms").iterdir())
     assert "nvidia-current.ko" in modules
     lines = ["kernel 6.1.0-lab1-amd64", "kernel 6.1.0-lab2-amd64", "dkms-present"]
     lines += [f"file /lib/modules/6.1.0-lab1-amd64/updates/dkms/{m}" for m in modules]
     observed = parse_dkms(lines + [f"dkms {line}" for line in status])
-    assert dkms_lacking(observed, "525.85.02") == ["6.1.0-lab2-amd64"]
-    assert _dkms(tmp_path, "remove", "nvidia-current/525.85.02", "--all").returncode == 0
+    assert dkms_lacking(observed, "525.85.12") == ["6.1.0-lab2-amd64"]
+    assert _dkms(tmp_path, "remove", "nvidia-current/525.85.12", "--all").returncode == 0
     assert not (tmp_path / "lib/modules/6.1.0-lab1-amd64/updates/dkms/nvidia-current.ko").exists()
     assert _dkms(tmp_path, "status").stdout == ""
 
@@ -451,10 +452,10 @@ def test_runfile_method_settings_are_checked_before_any_host() -> None:
         )
     config = stack_config("r740-01", {"nvidia_driver_method": "runfile", "nvidia_runfile_sha256": "a" * 64})
     assert "driver" in config.nvidia.skipped_components()  # the apt driver packages are not installed
-    pins = pinned_packages(config.profile.packages, "debian12", without=config.nvidia.skipped_components())
+    pins = pinned_packages(config.profile.packages, "debian11", without=config.nvidia.skipped_components())
     assert "nvidia-driver" not in pins and "cuda-toolkit-11-8" in pins
     assert runfile_url(config.nvidia.runfile_base_url, config.lock.driver) == (
-        "https://us.download.nvidia.com/XFree86/Linux-x86_64/525.85.02/NVIDIA-Linux-x86_64-525.85.02.run"
+        "https://us.download.nvidia.com/XFree86/Linux-x86_64/525.85.12/NVIDIA-Linux-x86_64-525.85.12.run"
     )
 
 
@@ -466,10 +467,10 @@ def test_runfile_options_build_the_module_with_dkms() -> None:
 def test_runfile_fact_reads_the_installer_version_and_its_log() -> None:
     lines = [
         "== version",
-        "nvidia-installer:  version 525.85.02  (buildmeister@builder101)  Wed Jan  4 21:50:07 UTC 2023",
+        "nvidia-installer:  version 525.85.12  (buildmeister@builder101)  Wed Jan  4 21:50:07 UTC 2023",
         "== log",
         "nvidia-installer log file '/var/log/nvidia-installer.log'",
-        "installer version: 525.85.02",
+        "installer version: 525.85.12",
         "",
         "nvidia-installer command line:",
         "    ./nvidia-installer",
@@ -481,15 +482,15 @@ def test_runfile_fact_reads_the_installer_version_and_its_log() -> None:
         "Using: nvidia-installer ncurses v6 user interface",
     ]
     observed = parse_runfile(lines)
-    assert observed.version == "525.85.02"
+    assert observed.version == "525.85.12"
     assert observed.options == ["--silent", "--dkms", "--no-opengl-files", "--no-x-check"]
     assert parse_runfile(["== version", "== log"]).version is None
 
 
 def test_mirror_serves_a_runfile_per_profile_driver() -> None:
-    script = aptrepo.runfile("525.85.02")
+    script = aptrepo.runfile("525.85.12")
     assert script.startswith(b"#!/bin/sh\n") and b"\n__PAYLOAD__\n" in script
-    assert aptrepo.runfile_sha256("525.85.02") == aptrepo.runfile_sha256("525.85.02")  # reproducible
-    assert aptrepo.runfile_path("525.85.02") == "XFree86/Linux-x86_64/525.85.02/NVIDIA-Linux-x86_64-525.85.02.run"
+    assert aptrepo.runfile_sha256("525.85.12") == aptrepo.runfile_sha256("525.85.12")  # reproducible
+    assert aptrepo.runfile_path("525.85.12") == "XFree86/Linux-x86_64/525.85.12/NVIDIA-Linux-x86_64-525.85.12.run"
     offered = {(p.name, p.version) for p in aptrepo.catalog()}
     assert ("dkms", aptrepo.DKMS_STANDIN_VERSION) in offered  # what Depends: dkms resolves to in the lab
