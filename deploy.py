@@ -25,8 +25,16 @@ fleet = fleet_configs(state, REGISTRY)
 config = fleet.get(host.name) or config_for(host, REGISTRY)
 pyinfra_without_repeated_work()  # the same operation order and arguments, each computed cheaply
 reads.install(state)  # the facts operations declare are read in one round trip per host
-# Read while the roles are queued (which packages, whether this is a container): with the first facts fetched.
-reads.plan([Read(OsDistro), Read(ContainerKind)])
+# Read while the roles are queued (which packages, whether this is a container, what a role's repository holds):
+# with the first facts fetched.
+selected = [role for role in REGISTRY.roles if role.name in config.roles]
+reads.plan(
+    [
+        Read(OsDistro),
+        Read(ContainerKind),
+        *(r for role in selected if role.queue_reads for r in role.queue_reads(config)),
+    ]
+)
 run = HostRun(host.name, fleet=fleet)
 # host.loop: pyinfra names an operation by the line numbers of its call stack, which roles share through the
 # one call below; the role's position in the registry keeps two roles' operations apart on every host.

@@ -6,18 +6,21 @@ whole set at once (dependent packages move together) only when a version differs
 `apt upgrade` and unattended-upgrades leave it alone, and `unattended_blacklist` says the same to
 unattended-upgrades by name.
 
-A set pinned with `closed=True` is first closed under exact-version dependencies by the host's own apt metadata
-(`closed_pins`, ironserve/aptindex.py): the packages a pinned meta-package depends on with `=` (tensorrt's
-libnvinfer* siblings) are pinned, installed and held with it. The closure is read when each operation runs, so
-on a first deploy it sees the repository the deploy has just configured; `repository_offers` proves, before any
-package moves, that the repository carries the whole set and that apt resolves it.
+A `ClosedSet` is a set closed by the host's own apt metadata (ironserve/aptindex.py): the packages a pinned
+meta-package depends on with `=` (tensorrt's libnvinfer* siblings) and its same-build siblings are pinned,
+installed and held with it. The metadata is the repository's fetched index at the lock's upstream versions, read in
+one command (`RepositoryStanzas`, planned with the deploy's first facts, so a no-op run still reads each host in
+two round trips); apt is asked further only for a required version that index lacks. The operations close the set
+again when they run, so a first deploy sees the repository it has just configured; `repository_offers` proves,
+before any package moves, that the repository carries the whole set and that apt resolves it.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pyinfra.api.operation import operation
@@ -33,6 +36,7 @@ from ironserve.facts import (
     AptSimulation,
     DpkgHealth,
     DpkgPackages,
+    RepositoryStanzas,
 )
 from ironserve.operations import Commands, failing, report
 from ironserve.reads import Read, read, reading_operation
@@ -55,16 +59,33 @@ APT_UPDATE = (
 )
 
 
-def metadata_lookup(
-    show: Callable[[tuple[str, ...]], list[str]], providers: Callable[[tuple[str, ...]], Mapping[str, Any]]
-) -> Lookup:
-    """The closure's lookup from a host's apt: `show` answers AptShow's command for name=version specs, and
-    `providers` AptProviders' for the names it knows no real package of (virtual names). The deploy answers them
-    with facts, the acceptance gate with testinfra's commands: both derive the same set."""
+def upstream(version: str) -> str:
+    """A Debian version's upstream part: no epoch, no revision (525.85.12-1 -> 525.85.12, 8.6.1.6-1+cuda11.8 ->
+    8.6.1.6): what a package family's siblings of one build share."""
+    return version.split(":", 1)[-1].rsplit("-", 1)[0]
 
-    def lookup(wanted: dict[str, str]) -> Index:
-        index = Index.parse(show(tuple(f"{n}={v}" for n, v in sorted(wanted.items()))))
-        absent = tuple(sorted(name for name, version in wanted.items() if index.get(name, version) is None))
+
+def metadata_lookup(
+    stanzas: list[str],
+    show: Callable[[tuple[str, ...]], list[str]],
+    providers: Callable[[tuple[str, ...]], Mapping[str, Any]],
+) -> Lookup:
+    """The closure's lookup on a host: `stanzas` are RepositoryStanzas' answer (the repository's own family at
+    the lock's upstream versions, one read); only a required version it lacks is asked of apt, `show` answering
+    AptShow's command and `providers` AptProviders' for names apt knows no real package of (virtual names). The
+    deploy answers them with facts, the acceptance gate with testinfra's commands: both derive the same set."""
+    family = Index.parse(stanzas)
+
+    def lookup(wanted: dict[str, str], required: frozenset[str]) -> Index:
+        lacking = {n: v for n, v in wanted.items() if n in required and family.get(n, v) is None}
+        if not lacking:
+            return family
+        index = Index.parse(show(tuple(f"{n}={v}" for n, v in sorted(lacking.items()))))
+        index.providers = {name: set(found) for name, found in family.providers.items()}
+        for versions in family.stanzas.values():
+            for stanza in versions.values():
+                index.stanzas.setdefault(stanza.name, {})[stanza.version] = stanza
+        absent = tuple(sorted(name for name, version in lacking.items() if index.get(name, version) is None))
         if absent:
             for virtual, provided in providers(absent).items():
                 index.providers.setdefault(virtual, set()).update((name, version) for name, version in provided)
@@ -73,16 +94,50 @@ def metadata_lookup(
     return lookup
 
 
-def exact_closure_on_host(pins: dict[str, str]) -> Closure:
-    """`pins` closed as `aptindex.exact_closure` closes them, from the host's apt metadata read now (one
-    `apt-cache show` a depth, and `apt-cache showpkg` where a relation names a virtual package)."""
-    lookup = metadata_lookup(lambda specs: read(AptShow, packages=specs), lambda names: read(AptProviders, names=names))
-    return exact_closure(pins, lookup)
+@dataclass(frozen=True)
+class ClosedSet:
+    """A pinned set that is closed on the host (`aptindex.exact_closure`) by the metadata of the repositories
+    under `base`: `roots` are the packages the lock asks for, `upstreams` the upstream versions whose stanzas
+    are read in one command (every root's, and those of the other OS directories a profile names, so that the
+    read is the same whichever directory the host uses)."""
+
+    base: str
+    roots: tuple[tuple[str, str], ...]
+    upstreams: tuple[str, ...]
+
+    @classmethod
+    def of(cls, base: str, roots: Mapping[str, str], upstreams: Iterable[str] = ()) -> ClosedSet:
+        every = sorted({upstream(v) for v in roots.values()} | set(upstreams))
+        return cls(apt_uri(base), tuple(sorted(roots.items())), tuple(every))
+
+    @classmethod
+    def given(cls, value: ClosedSet | Mapping[str, Any]) -> ClosedSet:
+        """An operation's argument as queued: the set itself, or its fields as plain data (an operation case)."""
+        if isinstance(value, ClosedSet):
+            return value
+        return cls(value["base"], tuple(tuple(root) for root in value["roots"]), tuple(value["upstreams"]))
+
+    def index_read(self) -> Read:
+        return Read(RepositoryStanzas, {"base": self.base, "upstreams": self.upstreams})
+
+    def closure(self) -> Closure:
+        """The closure as the host's apt metadata states it, read now."""
+        lookup = metadata_lookup(
+            read(RepositoryStanzas, base=self.base, upstreams=self.upstreams),
+            lambda specs: read(AptShow, packages=specs),
+            lambda names: read(AptProviders, names=names),
+        )
+        return exact_closure(dict(self.roots), lookup)
+
+    def pins(self) -> dict[str, str]:
+        return self.closure().pins
 
 
-def closed_pins(pins: dict[str, str]) -> dict[str, str]:
-    """`pins` and every package their exact-version dependencies reach, at the version they require."""
-    return exact_closure_on_host(pins).pins
+def apt_uri(url: str) -> str:
+    """A repository URL as apt records it (`apt-get indextargets`' REPO_URI): `file:/path/` for `file:///path`."""
+    if url.startswith("file:"):
+        url = "file:/" + url.removeprefix("file:").lstrip("/")
+    return url if url.endswith("/") else url + "/"
 
 
 def preferences(pins: dict[str, str], priority: int, owner: str) -> str:
@@ -99,13 +154,21 @@ def unattended_blacklist(names: list[str], owner: str) -> str:
     return head + "Unattended-Upgrade::Package-Blacklist {\n" + entries + "};\n"
 
 
+def _closed_reads(closed: ClosedSet | Mapping[str, Any] | None) -> list[Read]:
+    return [ClosedSet.given(closed).index_read()] if closed is not None else []
+
+
 @reading_operation(
-    reads=lambda pins, **_: [Read(DpkgPackages, {"patterns": tuple(pins)}), Read(DpkgHealth, {"packages": tuple(pins)})]
+    reads=lambda pins, closed=None, **_: [
+        *_closed_reads(closed),
+        Read(DpkgPackages, {"patterns": tuple(pins)}),
+        Read(DpkgHealth, {"packages": tuple(pins)}),
+    ]
 )
-def pinned_install(pins: dict[str, str], recommends: bool = True, closed: bool = False) -> Commands:
+def pinned_install(pins: dict[str, str], recommends: bool = True, closed: ClosedSet | None = None) -> Commands:
     """Install exactly `pins` (package -> version), downgrading or replacing held packages when they drifted;
-    `closed`: with every package their exact-version dependencies reach."""
-    pins = closed_pins(pins) if closed else pins
+    with `closed`, its set as the host's metadata closes it when this runs (`pins`: that set as it was queued)."""
+    pins = ClosedSet.given(closed).pins() if closed is not None else pins
     installed = read(DpkgPackages, patterns=tuple(pins))
     wrong = {n: v for n, v in pins.items() if n not in installed or installed[n].version != v}
     health = read(DpkgHealth, packages=tuple(n for n in pins if n not in wrong))
@@ -129,9 +192,11 @@ def pinned_install(pins: dict[str, str], recommends: bool = True, closed: bool =
         yield f"{APT_GET} --allow-change-held-packages --reinstall install {again}"
 
 
-@reading_operation(reads=lambda pins, **_: [Read(AptCandidates, {"packages": tuple(pins)})])
+@reading_operation(
+    reads=lambda pins, closed=None, **_: [*_closed_reads(closed), Read(AptCandidates, {"packages": tuple(pins)})]
+)
 def pins_in_force(
-    pins: dict[str, str], own_file: str, priority_key: str | None = None, closed: bool = False
+    pins: dict[str, str], own_file: str, priority_key: str | None = None, closed: ClosedSet | None = None
 ) -> Commands:
     """Stop this host when apt would not install the pinned versions although they are pinned: another
     preferences entry outranks `own_file` (a site's pin of a newer driver). Overriding it would undo an admin's
@@ -140,7 +205,7 @@ def pins_in_force(
     if not state.is_executing:
         host.noop(f"apt's candidates checked against {own_file} when the deploy runs")
         return
-    pins = closed_pins(pins) if closed else pins
+    pins = ClosedSet.given(closed).pins() if closed is not None else pins
     candidates = read(AptCandidates, packages=tuple(pins))
     outranked = {n: candidates[n] for n, v in pins.items() if candidates.get(n) not in {v, None, "(none)"}}
     if not outranked:
@@ -189,11 +254,13 @@ def installed(packages: list[str], recommends: bool = True) -> Commands:
     yield f"{APT_GET}{options} install " + " ".join(shlex.quote(name) for name in missing)
 
 
-@reading_operation(reads=lambda names, **_: [Read(DpkgPackages, {"patterns": tuple(names)})])
-def held(names: list[str], closed_from: dict[str, str] | None = None) -> Commands:
-    """`apt-mark hold` every installed package of `names` that is not held; with `closed_from` (the pins `names`
-    come from), also every package their exact-version dependencies reach."""
-    names = list(closed_pins(closed_from)) if closed_from is not None else names
+@reading_operation(
+    reads=lambda names, closed=None, **_: [*_closed_reads(closed), Read(DpkgPackages, {"patterns": tuple(names)})]
+)
+def held(names: list[str], closed: ClosedSet | None = None) -> Commands:
+    """`apt-mark hold` every installed package of `names` that is not held; with `closed`, of its set as the
+    host's metadata closes it when this runs."""
+    names = list(ClosedSet.given(closed).pins()) if closed is not None else names
     installed = read(DpkgPackages, patterns=tuple(names))
     loose = [n for n in names if n in installed and not installed[n].held]
     if not loose:
@@ -211,18 +278,19 @@ def _problems(closure: Closure) -> list[str]:
 
 
 @reading_operation(
-    reads=lambda pins, **_: [Read(AptShow, {"packages": tuple(f"{n}={v}" for n, v in sorted(pins.items()))})]
+    reads=lambda pins, closed, **_: [*_closed_reads(closed), Read(DpkgPackages, {"patterns": tuple(pins)})]
 )
-def repository_offers(pins: dict[str, str], repository: str) -> Commands:
-    """Stop this host before any package of the set moves when `repository` does not carry every pinned version
-    and every version their exact-version dependencies require, or when apt cannot install them together
-    (`apt-get install --simulate` of the whole closed set, with the pins in force). The message gives apt's own
+def repository_offers(pins: dict[str, str], closed: ClosedSet, repository: str) -> Commands:
+    """Stop this host before any package of the set moves when `repository` does not carry every version of
+    `closed`'s set (its roots and every version their relations require), or when apt cannot install them
+    together (`apt-get install --simulate` of the whole set, with the pins in force). The message gives apt's own
     reasons, the versions missing and what the repositories do offer of them. Read when the deploy runs, after
-    the repository is configured and fetched; nothing to prove while every package is installed at its pin."""
+    the repository is configured and fetched (`pins`: the set as it was queued); nothing to prove while every
+    package is installed at its pin."""
     if not state.is_executing:
         host.noop(f"{repository} is checked against the lock when the deploy runs")
         return
-    closure = exact_closure_on_host(pins)
+    closure = ClosedSet.given(closed).closure()
     installed = read(DpkgPackages, patterns=tuple(closure.pins))
     if closure.ok and all(n in installed and installed[n].version == v for n, v in closure.pins.items()):
         host.noop(f"every one of the {len(closure.pins)} locked packages is installed at its pin")

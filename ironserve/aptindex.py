@@ -123,7 +123,9 @@ class Closure:
         return not self.missing and not self.clashes
 
 
-Lookup = Callable[[dict[str, str]], Index]  # the stanzas of these exact versions (absent ones left out)
+# The stanzas of these exact versions (absent ones left out); the second argument names those the closure requires
+# (a root, or a sole exact alternative), the rest being same-build siblings it only probes for.
+Lookup = Callable[[dict[str, str], frozenset[str]], Index]
 
 
 def exact_closure(roots: Mapping[str, str], lookup: Lookup, max_rounds: int = 16) -> Closure:
@@ -147,7 +149,10 @@ def exact_closure(roots: Mapping[str, str], lookup: Lookup, max_rounds: int = 16
     for _ in range(max_rounds):
         if not frontier:
             break
-        found = lookup({name: version for name, (version, _, _) in frontier.items()})
+        found = lookup(
+            {name: version for name, (version, _, _) in frontier.items()},
+            frozenset(name for name, (_, _, required) in frontier.items() if required),
+        )
         following: dict[str, tuple[str, str | None, bool]] = {}
         for name, (version, asker, required) in frontier.items():
             seen.add((name, version))
@@ -224,7 +229,7 @@ def unmet_within(pins: Mapping[str, str], index: Index) -> list[str]:
 def repository_problems(roots: Mapping[str, str], index: Index) -> tuple[Closure, list[str]]:
     """The closure of `roots` in `index`, and one line per problem: a pinned version the repository does not
     carry (with what it does offer), a package asked for at two versions, a relation the set breaks."""
-    closure = exact_closure(roots, lambda wanted: index)
+    closure = exact_closure(roots, lambda wanted, required: index)
     problems = []
     for name, version in closure.missing.items():
         why = "pinned by the lock" if name in roots else f"required by {closure.reached_by[name]} (= {version})"

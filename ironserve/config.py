@@ -130,6 +130,8 @@ class Role:
     check_fleet: Callable[[Mapping[str, Any]], list[str]] | None = None
     # Runs only where ironserve_roles names it (a layer a site adds, such as Kubernetes on a single server).
     opt_in: bool = False
+    # The facts the role reads while it is queued (ironserve.reads.Read), fetched with the deploy's first facts.
+    queue_reads: Callable[[Any], list[Any]] | None = None
 
 
 @dataclass(frozen=True)

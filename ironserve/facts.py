@@ -235,6 +235,35 @@ class AptShow(FactBase[list[str]]):
         return list(output)
 
 
+class RepositoryStanzas(FactBase[list[str]]):
+    """The stanzas of the repositories under `base` (every directory of it) that apt has fetched, at the upstream
+    versions `upstreams` (a version's part before its revision: 525.85.12 of 525.85.12-1, 8.6.1.6 of
+    8.6.1.6-1+cuda11.8), cut to their relation fields: a pinned set's own family and its same-build siblings,
+    read from apt's lists in one command (`apt-get indextargets`, `apt-helper cat-file` for compressed lists)."""
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    def command(self, base: str, upstreams: Iterable[str]) -> str:
+        wanted = " " + " ".join(upstreams) + " "
+        lists = "apt-get indextargets --format '$(REPO_URI) $(FILENAME)' 'Identifier: Packages' 2>/dev/null"
+        keep = (
+            '/^(Package|Version|Provides|Pre-Depends|Depends): / { s = s $0 "\\n" } '
+            '/^Version: / { v = $2; sub(/^[0-9]+:/, "", v); sub(/-[^-]*$/, "", v); '
+            'if (index(w, " " v " ")) k = 1 } '
+            '/^$/ { if (k) printf "%s\\n", s; s = ""; k = 0 } END { if (k) printf "%s\\n", s }'
+        )
+        return (
+            f'{lists} | while read -r uri file; do case "$uri" in {shlex.quote(base)}*) '
+            '[ -e "$file" ] && /usr/lib/apt/apt-helper cat-file "$file";; esac; done 2>/dev/null | '
+            f"awk -v w={shlex.quote(wanted)} {shlex.quote(keep)}"
+        )
+
+    def process(self, output: Iterable[str]) -> list[str]:
+        return list(output)
+
+
 # apt-cache showpkg's lines a provider lookup reads: each package's name, its Reverse Provides heading and entries.
 SHOWPKG_LINES = "^Package: |^Reverse Provides:|^[^ ]+ [^ ]+ [(]"
 

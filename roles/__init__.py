@@ -25,6 +25,7 @@ from roles.inference.settings import InferenceSettings
 from roles.kubernetes import cluster_layout_problems, kubernetes, kubernetes_deployable
 from roles.kubernetes.settings import KubernetesSettings
 from roles.nvidia import nvidia, nvidia_deployable
+from roles.nvidia import queue_reads as nvidia_queue_reads
 from roles.nvidia.settings import NvidiaSettings
 from roles.preflight import preflight
 from roles.preflight.settings import PreflightSettings
@@ -54,7 +55,7 @@ REGISTRY = Registry(
     roles=(
         Role("bios", BiosSettings, bios),
         Role("preflight", PreflightSettings, preflight),
-        Role("nvidia", NvidiaSettings, nvidia, nvidia_deployable),
+        Role("nvidia", NvidiaSettings, nvidia, nvidia_deployable, queue_reads=nvidia_queue_reads),
         Role("host_tuning", HostTuningSettings, host_tuning),
         Role("security", SecuritySettings, security),
         Role("container_runtime", ContainerRuntimeSettings, container_runtime),

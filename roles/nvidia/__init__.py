@@ -24,8 +24,8 @@ from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from ironserve.apt import (
+    ClosedSet,
     apt_updated,
-    closed_pins,
     held,
     installed,
     pinned_install,
@@ -34,6 +34,7 @@ from ironserve.apt import (
     repository_fetched,
     repository_offers,
     unattended_blacklist,
+    upstream,
 )
 from ironserve.facts import ContainerKind, OsDistro
 from ironserve.operations import line_replaced, service_state, stop_host
@@ -105,6 +106,18 @@ def sources_line(repo_url: str, directory: str) -> str:
     return f"deb [signed-by={KEYRING}] {repository_url(repo_url, directory)} /\n"
 
 
+def locked_set(config: StackConfig, roots: dict[str, str]) -> ClosedSet:
+    """`roots` closed by the metadata of the repositories under nvidia_repo_url, read at the upstream versions of
+    every package the profile pins in any directory (so the read is planned before the host's OS is known)."""
+    every = [v for pins in (config.profile.packages or {}).values() for c in pins.values() for v in c.values()]
+    return ClosedSet.of(config.nvidia.repo_url or "", roots, {upstream(v) for v in every})
+
+
+def queue_reads(config: StackConfig) -> list[Read]:
+    """What the role reads while it is queued, fetched with the deploy's first facts (deploy.py)."""
+    return [locked_set(config, {}).index_read()] if config.nvidia.repo_url else []
+
+
 def platform_refusal(config: StackConfig, os_key: str) -> str | None:
     """Why this host cannot take the profile's lock (its OS is not one the lock is published for, or not the OS
     the inventory declares), or None."""
@@ -167,16 +180,21 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
         stop_host(name="The lock is published for this host's OS", reason=refusal)
         return
     directory = config.profile.repository_for(os_key)
-    pins = pinned_packages(config.profile.packages, directory, without=settings.skipped_components())
+    roots = pinned_packages(config.profile.packages, directory, without=settings.skipped_components())
+    # The set closed as the repository apt has fetched states it; computed again when each operation runs, so a
+    # first deploy sees the repository it has just configured.
+    locked = locked_set(config, roots)
+    pins = locked.pins()
     runfile = settings.driver_method == "runfile"
 
     refuse_secure_boot(name="Secure Boot gate", shim_validation_disabled=settings.shim_validation_disabled)
     if settings.kernel_headers:
         kernel_headers(name="Kernel headers for the running and installed kernels", driver=lock.driver)
-    _repository(config, directory, pins)
+    _repository(config, directory, locked)
     repository_offers(
         name="The repository offers the whole lock (apt-get --simulate)",
         pins=pins,
+        closed=locked,
         repository=repository_url(config.nvidia.repo_url or "", directory),
     )
     owned_file(
@@ -194,13 +212,13 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
         pins=pins,
         own_file=PREFERENCES,
         priority_key="nvidia_pin_priority",
-        closed=True,
+        closed=locked,
     )
-    pinned_install(name="Install the locked NVIDIA packages", pins=pins, closed=True)
-    held(name="Hold the locked NVIDIA packages", names=list(pins), closed_from=pins)
+    pinned_install(name="Install the locked NVIDIA packages", pins=pins, closed=locked)
+    held(name="Hold the locked NVIDIA packages", names=list(pins), closed=locked)
     # The runfile replaces the apt driver: its packages go, with every sibling their relations pinned.
     apt_driver = (config.profile.packages or {}).get(directory, {}).get("driver", {})
-    also = tuple(closed_pins(dict(apt_driver))) if runfile else ()
+    also = tuple(locked_set(config, dict(apt_driver)).pins()) if runfile else ()
     remove_strays(name="Remove NVIDIA packages beside the lock", keep=list(pins), lock=lock, also=also)
     if runfile:
         _runfile(config)
@@ -223,7 +241,7 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
     run.reboots.append(driver_reboot(lock.driver))
 
 
-def _repository(config: StackConfig, directory: str, pins: dict[str, str]) -> None:
+def _repository(config: StackConfig, directory: str, locked: ClosedSet) -> None:
     settings = config.nvidia
     assert settings.repo_url is not None and settings.repo_key is not None  # nvidia_deployable
     frozen = config.clear_immutable
@@ -248,13 +266,13 @@ def _repository(config: StackConfig, directory: str, pins: dict[str, str]) -> No
     owned_file(
         name="Pin the locked versions",
         path=PREFERENCES,
-        content=lambda: preferences(closed_pins(pins), settings.pin_priority, OWNER),
+        content=lambda: preferences(locked.pins(), settings.pin_priority, OWNER),
         clear_immutable=frozen,
     )
     owned_file(
         name="Keep unattended-upgrades off the lock",
         path=UNATTENDED_BLACKLIST,
-        content=lambda: unattended_blacklist(list(closed_pins(pins)), OWNER),
+        content=lambda: unattended_blacklist(list(locked.pins()), OWNER),
         clear_immutable=frozen,
     )
 

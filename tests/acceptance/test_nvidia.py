@@ -15,11 +15,11 @@ import pytest
 
 from ironserve.apt import metadata_lookup
 from ironserve.aptindex import exact_closure
-from ironserve.facts import AptCandidates, AptProviders, AptShow
+from ironserve.facts import AptCandidates, AptProviders, AptShow, RepositoryStanzas
 from ironserve.lock import FORBIDDEN_DRIVERS
 from ironserve.packages import distro_key, pinned_packages
 from roles import StackConfig
-from roles.nvidia import KEYRING, PREFERENCES, SOURCES_LIST, UNATTENDED_BLACKLIST, sources_line
+from roles.nvidia import KEYRING, PREFERENCES, SOURCES_LIST, UNATTENDED_BLACKLIST, locked_set, sources_line
 
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 # deviceQuery is built from NVIDIA/cuda-samples tag v<X.Y> (the toolkit ships no samples since CUDA 11.6), which
@@ -54,13 +54,16 @@ def _pins(host: Any, config: StackConfig) -> dict[str, str]:
         config.profile.packages, _directory(host, config), without=config.nvidia.skipped_components()
     )
 
+    locked = locked_set(config, roots)
+
     def show(specs: tuple[str, ...]) -> list[str]:
         return AptShow().process(host.run(AptShow().command(specs)).stdout.splitlines())
 
     def providers(names: tuple[str, ...]) -> dict[str, list[tuple[str, str]]]:
         return AptProviders().process(host.run(AptProviders().command(names)).stdout.splitlines())
 
-    return exact_closure(roots, metadata_lookup(show, providers)).pins
+    family = host.run(RepositoryStanzas().command(locked.base, locked.upstreams)).stdout.splitlines()
+    return exact_closure(roots, metadata_lookup(family, show, providers)).pins
 
 
 def _repository_line(host: Any, config: StackConfig) -> str:

@@ -77,7 +77,7 @@ def pins() -> dict[str, str]:
     profile = stack_config("lab", {}).profile
     directory = profile.repository_for("debian12")
     index = Index.parse((aptrepo.ensure_built() / directory / "x86_64" / "Packages").read_text())
-    return exact_closure(pinned_packages(profile.packages, directory), lambda wanted: index).pins
+    return exact_closure(pinned_packages(profile.packages, directory), lambda wanted, required: index).pins
 
 
 def _installed(host: LabHost) -> dict[str, tuple[str, str]]:

@@ -21,6 +21,8 @@ from ironserve.lab import remote
 from ironserve.lab.deploying import deploy
 from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
+from ironserve.profiles import read_profile
+from ironserve.repocheck import check_repository
 from tests.lab.conftest import lab_containers
 
 pytestmark = pytest.mark.lab
@@ -135,3 +137,17 @@ def test_check_repo_from_the_admin_machine_against_the_mirror_and_its_variants(f
         "! libnvinfer-bin 8.6.1.6-1+cuda11.8 (required by tensorrt (= 8.6.1.6-1+cuda11.8)) is not in the repository; "
         "it offers libnvinfer-bin 10.0.0.6-1+cuda12.4, 8.6.1.6-1+cuda12.0"
     ) in lacking.stdout
+
+
+def test_the_seed_s_debian12_mapping_fails_against_a_debian12_directory_like_nvidia_s(fresh: LabHost) -> None:
+    """The profile as the seed had it, Debian 12 hosts on the debian12 directory: that directory (like NVIDIA's)
+    starts at CUDA 12.3 and driver 545, so the check names the CUDA 11.8 toolkit and the R525 driver as missing."""
+    profile = read_profile("r740-a10")
+    seed = profile.model_copy(
+        update={"platforms": {"debian12": "debian12"}, "packages": {"debian12": (profile.packages or {})["debian11"]}}
+    )
+    (check,) = check_repository(seed, fresh.extra["aptrepo_url"], ["debian12"])
+    missing = "(pinned by the lock) is not in the repository; it offers"
+    assert any(p.startswith(f"cuda-toolkit-11-8 11.8.0-1 {missing}") for p in check.problems), check.problems
+    offered = f"nvidia-driver 525.85.12-1 {missing} nvidia-driver 550.54.14-1, 545.23.06-1"
+    assert offered in check.problems, check.problems

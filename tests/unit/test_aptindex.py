@@ -52,7 +52,7 @@ def stanzas_from_unmet(text: str, version: str | None = None) -> str:
 
 def test_closure_of_debian_driver_packaging_follows_every_exact_relation() -> None:
     index = Index.parse(DEBIAN_DRIVER.read_text())
-    closure = exact_closure({"nvidia-driver": "535.261.03-1"}, lambda wanted: index)
+    closure = exact_closure({"nvidia-driver": "535.261.03-1"}, lambda wanted, required: index)
     assert closure.ok
     # nvidia-driver's own `=` Depends, and what they reach in turn (nvidia-driver-libs -> libgl1-nvidia-glvnd-glx ->
     # libglx-nvidia0 -> libnvidia-glcore -> libnvidia-glvkspirv)
@@ -82,7 +82,9 @@ def test_a_never_published_version_is_named_with_what_the_repository_offers() ->
 def test_a_sibling_pinned_at_another_build_clashes() -> None:
     text = shared("apt/tensorrt-8.6.1.6-cuda12.0-wsl-trt3525.txt")
     index = Index.parse(stanzas_from_unmet(text, "8.6.1.6-1+cuda12.0"))
-    closure = exact_closure({"tensorrt": "8.6.1.6-1+cuda12.0", "libnvinfer8": "8.6.1.6-1+cuda11.8"}, lambda w: index)
+    closure = exact_closure(
+        {"tensorrt": "8.6.1.6-1+cuda12.0", "libnvinfer8": "8.6.1.6-1+cuda11.8"}, lambda wanted, required: index
+    )
     assert closure.clashes == [
         "tensorrt 8.6.1.6-1+cuda12.0 needs libnvinfer8 (= 8.6.1.6-1+cuda12.0); the lock asks for 8.6.1.6-1+cuda11.8"
     ]
@@ -174,7 +176,7 @@ def test_every_sibling_apt_refused_is_in_the_closure(capture: str) -> None:
     index = Index.parse(stanzas_from_unmet(text))
     root = REFUSALS[capture]
     (version,) = index.versions(root)
-    closure = exact_closure({root: version}, lambda wanted: index)
+    closure = exact_closure({root: version}, lambda wanted, required: index)
     refused = {m["dep"]: m["v"] for m in map(UNMET.match, text.splitlines()) if m}
     assert refused and all(closure.pins[name] == wanted for name, wanted in refused.items())
 
