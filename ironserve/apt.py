@@ -26,7 +26,7 @@ from typing import Any
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 
-from ironserve.aptindex import Closure, Index, Lookup, exact_closure
+from ironserve.aptindex import Closure, Index, Lookup, exact_closure, upstream
 from ironserve.facts import (
     AptCandidates,
     AptMadison,
@@ -59,12 +59,6 @@ APT_UPDATE = (
 )
 
 
-def upstream(version: str) -> str:
-    """A Debian version's upstream part: no epoch, no revision (525.85.12-1 -> 525.85.12, 8.6.1.6-1+cuda11.8 ->
-    8.6.1.6): what a package family's siblings of one build share."""
-    return version.split(":", 1)[-1].rsplit("-", 1)[0]
-
-
 def metadata_lookup(
     stanzas: list[str],
     show: Callable[[tuple[str, ...]], list[str]],
@@ -74,7 +68,7 @@ def metadata_lookup(
     the lock's upstream versions, one read); only a required version it lacks is asked of apt, `show` answering
     AptShow's command and `providers` AptProviders' for names apt knows no real package of (virtual names). The
     deploy answers them with facts, the acceptance gate with testinfra's commands: both derive the same set."""
-    family = Index.parse(stanzas)
+    family = Index.parsed(tuple(stanzas))
 
     def lookup(wanted: dict[str, str], required: frozenset[str]) -> Index:
         lacking = {n: v for n, v in wanted.items() if n in required and family.get(n, v) is None}

@@ -34,8 +34,8 @@ from ironserve.apt import (
     repository_fetched,
     repository_offers,
     unattended_blacklist,
-    upstream,
 )
+from ironserve.aptindex import upstream
 from ironserve.facts import ContainerKind, OsDistro
 from ironserve.operations import line_replaced, service_state, stop_host
 from ironserve.owned import (

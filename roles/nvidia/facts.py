@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from pyinfra.api.facts import FactBase
 
+from ironserve.aptindex import upstream
 from ironserve.facts import parse_dpkg_query, sections
 
 SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -176,11 +177,6 @@ def cuda_line(version: str | None) -> str | None:
     return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
 
 
-def upstream_version(debian_version: str) -> str:
-    """`11.8.0` of dpkg's `11.8.0-1` (Debian policy 5.6.12: [epoch:]upstream_version[-debian_revision])."""
-    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
-
-
 def stack_problems(observed: StackObserved, driver: str, cuda: str, cudnn: str, cuda_home: str) -> list[str]:
     """Every way the host differs from the lock, as sentences; empty when it matches.
 
@@ -201,7 +197,7 @@ def stack_problems(observed: StackObserved, driver: str, cuda: str, cudnn: str, 
         problems.append(f"{cuda_home}/bin/nvcc reports release {observed.nvcc_release}, lock {line}")
     package = "cuda-toolkit-" + line.replace(".", "-")
     installed = observed.toolkit_packages.get(package)
-    if installed is not None and upstream_version(installed) != cuda:
+    if installed is not None and upstream(installed) != cuda:
         problems.append(f"dpkg has {package} {installed}, lock CUDA {cuda}")
     if observed.cudnn_version != cudnn:
         problems.append(f"cudnn_version.h defines cuDNN {observed.cudnn_version}, lock {cudnn}")

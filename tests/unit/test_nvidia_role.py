@@ -12,6 +12,7 @@ import pytest
 from operation_harness import FakeHost, fact_key, run_operation
 
 from ironserve.apt import preferences, unattended_blacklist
+from ironserve.aptindex import upstream
 from ironserve.config import ConfigError
 from ironserve.facts import parse_dpkg_query, parse_os_release
 from ironserve.lab import aptrepo
@@ -34,7 +35,6 @@ from roles.nvidia.facts import (
     parse_secure_boot,
     parse_stack,
     stack_problems,
-    upstream_version,
 )
 from roles.nvidia.operations import refuse_secure_boot, runfile_options, runfile_url, secure_boot_refusal
 
@@ -214,7 +214,7 @@ def test_cuda_drift_is_named_by_line_and_by_package() -> None:
     assert stack_problems(undated, "525.85.12", "12.4.1", "8.6.0", "/usr/local/cuda-12.4") == []  # no date stamp
     assert cuda_line("11.8.20220929") == cuda_line("11.8.0") == cuda_line("11.8") == "11.8"
     assert cuda_line(None) is None and cuda_line("garbage") is None
-    assert upstream_version("1:11.8.0-1") == "11.8.0"
+    assert upstream("1:11.8.0-1") == "11.8.0"
 
 
 def test_stack_problems_name_each_drift() -> None:
