@@ -175,13 +175,26 @@ def stop_launcher(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def engine_pid(launcher: int) -> int | None:
     """The vLLM API server: the launcher's child."""
-    try:
-        children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-    except OSError:
-        return None
-    return int(children[0]) if children else None
+    children = _children(launcher)
+    return children[0] if children else None
+
+
+def engine_core_pid(api_server: int) -> int | None:
+    """vLLM's engine core: the API server's child that vLLM titles `VLLM::EngineCore...` (setproctitle)."""
+    for child in _children(api_server):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"VLLM::EngineCore"):
+                return child
+    return None
 
 
 def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s: float = 10.0, nice: int = 0) -> Stack:

@@ -43,6 +43,7 @@ from hotswap_stack import (
     Stack,
     build_stack,
     complete,
+    engine_core_pid,
     engine_pid,
     failures,
     h2c_request,
@@ -235,13 +236,13 @@ def _raw_h2(url: str, close_connection: bool) -> Iterator[None]:
 
 
 def _client_timeout(url: str) -> Iterator[None]:
-    """Not streaming: the client gives up after 0.5 s and closes its connection (the openai SDK's `timeout`); alone,
-    the engine decodes ~10,000 tokens/s without a stream to feed, so a longer wait would eat the max_tokens margin."""
+    """Not streaming: the client gives up after 2 s and closes its connection (the openai SDK's `timeout`). The test
+    stops the engine core once the request runs (0.1-0.5 s), so the client leaves from a stopped engine."""
     failed: list[Exception] = []
 
     def post() -> None:
         try:
-            with httpx2.Client(timeout=0.5) as client:
+            with httpx2.Client(timeout=2.0) as client:
                 client.post(url, json=LONG)
         except httpx2.TimeoutException as error:
             failed.append(error)
@@ -286,44 +287,77 @@ DISCONNECTS = {
 }
 
 
+# How long the engine core stays stopped once Envoy has closed the upstream request's connection: the API server,
+# with no engine output to process, turns the closed connection into an abort in milliseconds (0.03-0.25 s measured
+# with the engine running, output included).
+ABORT_GRACE_S = 1.0
+
+
+@contextlib.contextmanager
+def engine_core_stopped(stack: Stack, colour: Colour) -> Iterator[None]:
+    """`colour`'s vLLM engine core stopped (SIGSTOP), its API server running. The tiny CPU model decodes up to ~10,000
+    tokens/s, so the whole request can finish before a client's going-away reaches the engine; a GPU serving a 7B
+    model decodes some tens of tokens a second. Stopped, the engine cannot outrun the abort, and what it generates
+    after SIGCONT says whether the abort arrived."""
+    launcher = stack.launcher_pid(colour)
+    server = engine_pid(launcher) if launcher else None
+    core = engine_core_pid(server) if server else None
+    assert core, f"no vLLM engine core under {colour}'s launcher"
+    os.kill(core, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(core, signal.SIGCONT)
+
+
 def _goes_away(stack: Stack, shape: str) -> tuple[str, str]:
     """("aborted" | "too late" | "not aborted", what happened): one client of `shape` against blue, judged by vLLM's
-    own counters."""
+    own counters; the client leaves while blue's engine core is stopped."""
     url = stack.url("/v1/completions")
+    admin = EnvoyAdmin(stack.settings.swap.admin_port)
     assert wait_for(lambda: _running(stack) == 0, 30, 0.1)
     before = engine_reading(stack, "blue").generation_tokens or 0.0
+    # Envoy ends an HTTP/1.1 upstream request by closing its connection; counted from before the request, since a
+    # client on a timer of its own may leave before the engine is stopped.
+    closed = "cluster.blue.upstream_cx_destroy_local_with_active_rq"
+    closed_before = admin.counter(closed)
     client = DISCONNECTS[shape](url)
     try:
         next(client)  # the request runs in the engine
         if not wait_for(lambda: _running(stack) >= 1, 10, 0.05):
             return "not aborted", "the request never showed as running"
-        at_leave = (engine_reading(stack, "blue").generation_tokens or 0.0) - before
-        if at_leave >= LONG["max_tokens"] / 2:
-            return "too late", f"the client could leave only after {at_leave:.0f} tokens"
-        gone = time.monotonic()
-        next(client)  # the client goes away
+        with engine_core_stopped(stack, "blue"):
+            at_leave = (engine_reading(stack, "blue").generation_tokens or 0.0) - before
+            if at_leave >= LONG["max_tokens"] / 2:
+                return "too late", f"the client could leave only after {at_leave:.0f} tokens"
+            next(client)  # the client goes away
+            if not wait_for(lambda: admin.counter(closed) > closed_before, 10.0, 0.02):
+                return "not aborted", "Envoy did not close the upstream request's connection within 10 s"
+            time.sleep(ABORT_GRACE_S)
+        resumed = time.monotonic()
         if not wait_for(lambda: _running(stack) == 0, 10.0, 0.05):
-            return "not aborted", "still running 10 s after the client went away"
+            return "not aborted", "still running 10 s after the engine resumed"
         tokens = engine_reading(stack, "blue").generation_tokens or 0.0
-        freed_after_s = time.monotonic() - gone
+        freed_after_s = time.monotonic() - resumed
         time.sleep(0.5)
         if engine_reading(stack, "blue").generation_tokens != tokens:
             return "not aborted", "tokens still growing after running went to 0"
         if tokens - before >= LONG["max_tokens"]:
             return "not aborted", f"ran to max_tokens, leaving after {at_leave:.0f} tokens"
         left = f"the client went away at {at_leave:.0f} tokens"
-        return "aborted", f"freed {freed_after_s:.2f} s after {left}, {tokens - before:.0f} in all"
+        return "aborted", f"freed {freed_after_s:.2f} s after the engine resumed, {left}, {tokens - before:.0f} in all"
     finally:
         next(client, None)  # the client's last step: its checks and the close of what it still holds
 
 
 @pytest.mark.parametrize("shape", DISCONNECTS)
 def test_a_client_that_goes_away_frees_the_engine(stack: Stack, shape: str) -> None:
-    """Proved with vLLM's own counters: requests running back to 0 and generated tokens no longer growing within
-    10 s of the client going away (0.03-0.25 s on a quiet host), short of max_tokens (ignore_eos: only an abort
-    ends the request early). Under CPU contention a client's first chunks can arrive when the engine has already
-    decoded most of the request; such an attempt (half of max_tokens or more when the client leaves) cannot show an
-    abort either way and is run again, at most twice, and said so."""
+    """Proved with vLLM's own counters: the client leaves while the engine core is stopped, Envoy closes the upstream
+    request's connection, and once the engine resumes, requests running go back to 0 within 10 s and generated
+    tokens stop short of max_tokens (ignore_eos: only an abort ends the request early). Under CPU contention a
+    client's first chunks can arrive when the engine has already decoded most of the request; such an attempt (half
+    of max_tokens or more when the client leaves) cannot show an abort either way and is run again, at most twice,
+    and said so."""
     for attempt in range(1, 4):
         outcome, what = _goes_away(stack, shape)
         if outcome == "aborted":
