@@ -9,11 +9,12 @@ Prometheus, Envoy, systemd units as ai-runner in the service slice under the sec
 
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
+import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,13 @@ from typing import Any
 import pytest
 
 from ironserve.lab import remote
+from ironserve.lab.demo import api_key, chat_completion, listener_url
 from ironserve.lab.deploying import DeployResult, deploy, verify
 from ironserve.lab.inference import ENGINE_ENVIRONMENT, model_versions
 from ironserve.lab.state import LabHost
 from ironserve.validators import release_version
 from roles import stack_config
-from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH
+from roles.inference.settings import CONFIG_PATH
 from tests.lab.conftest import lab_containers
 
 ROLES = ("security", "inference")
@@ -51,32 +53,17 @@ for _, data in lab_containers:
 """
 
 
-def _url(host: LabHost, path: str) -> str:
-    return f"http://{host.ssh_address}:8080{path}"
-
-
-def api_key(host: LabHost) -> str:
-    """The key the first deploy generated on the host, read there over SSH as an admin would."""
-    text = remote.run(host, f"cat {API_KEYS_PATH}")
-    return next(line.split()[1] for line in text.splitlines() if line.strip() and not line.startswith("#"))
-
-
 def complete(
     host: LabHost, stream: bool = False, timeout_s: float = 120, key: str | None = None
 ) -> tuple[int, str, str]:
-    """(status, colour that served it, body) of one chat completion through the host's Envoy."""
-    body = {"model": SETTINGS.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    request = urllib.request.Request(
-        _url(host, "/v1/chat/completions"),
-        data=json.dumps({**body, "stream": stream}).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key or KEYS[host.name]}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            text = response.read().decode()
-            return response.status, response.headers.get("x-ironserve-colour", ""), text
-    except urllib.error.HTTPError as error:
-        return error.code, "", error.read().decode(errors="replace")
+    """(status, colour that served it, body) of one chat completion through the host's Envoy, as the demo asks."""
+    url, model = _listener(host.name)
+    return chat_completion(url, key or KEYS[host.name], model, stream=stream, timeout_s=timeout_s)
+
+
+@functools.cache
+def _listener(name: str) -> tuple[str, str]:
+    return listener_url(name)
 
 
 def _status(host: LabHost) -> dict[str, Any]:
@@ -123,6 +110,20 @@ def test_completion_through_envoy_from_outside_the_host(served: LabHost, stream:
     assert status == 200, body
     assert colour in {"blue", "green"}
     assert body.rstrip().endswith("data: [DONE]") if stream else json.loads(body)["usage"]["completion_tokens"] >= 1
+
+
+def test_the_demos_last_step_prints_a_served_completion_and_no_key(served: LabHost) -> None:
+    """`make demo`'s last step as scripts/demo.sh runs it: a 200 with the colour and usage, and the key it read
+    from the host nowhere in what it prints."""
+    demo = subprocess.run(
+        [sys.executable, "-m", "ironserve.lab.demo", served.name], capture_output=True, text=True, timeout=180
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    lines = demo.stdout.splitlines()
+    assert lines[0].endswith("/v1/chat/completions: HTTP 200"), demo.stdout
+    assert lines[1] in {"served by colour: blue", "served by colour: green"}, demo.stdout
+    assert lines[2].startswith("usage: prompt_tokens ") and "completion_tokens " in lines[2], demo.stdout
+    assert KEYS[served.name] not in demo.stdout + demo.stderr
 
 
 def test_acceptance_gate_passes(served: LabHost) -> None:
