@@ -12,6 +12,8 @@ import sys
 import urllib.error
 import urllib.request
 
+from ironserve_service.router import parse_api_keys
+
 from ironserve.lab import remote, state
 from ironserve.lab.inventory import lab_groups
 from ironserve.lab.state import LabHost
@@ -22,12 +24,12 @@ DEMO_CLIENT = "default"  # the client the deploy makes a key for on first deploy
 
 
 def api_key(host: LabHost, client: str = DEMO_CLIENT) -> str:
-    """`client`'s key in the host's key file (`<client> <key>` per line)."""
-    for line in remote.run(host, f"cat {API_KEYS_PATH}").splitlines():
-        fields = line.split()
-        if len(fields) == 2 and fields[0] == client:
-            return fields[1]
-    raise RuntimeError(f"{host.name}: no API key for client {client!r} in {API_KEYS_PATH}")
+    """`client`'s key in the host's keys file, read there over SSH."""
+    source = f"{host.name}:{API_KEYS_PATH}"
+    keys = dict(parse_api_keys(remote.run(host, f"cat {API_KEYS_PATH}"), source))
+    if client not in keys:
+        raise RuntimeError(f"{source}: no API key for client {client!r}")
+    return keys[client]
 
 
 def chat_completion(

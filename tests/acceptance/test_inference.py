@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from ironserve_service.kube_objects import CONTAINER, SCALER_ACCOUNT, deployment_name
+from ironserve_service.router import parse_api_keys
 from ironserve_service.settings import COLOURS
 
 from ironserve import manifests
@@ -83,8 +84,9 @@ def _listener(config: StackConfig, path: str) -> str:
 
 def _api_key(host: Any) -> str:
     """A client key from the host's keys file, read there as the admin would."""
-    text = host.file(str(API_KEYS_PATH)).content_string
-    return next(line.split()[1] for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    pairs = parse_api_keys(host.file(str(API_KEYS_PATH)).content_string, str(API_KEYS_PATH))
+    assert pairs, f"{API_KEYS_PATH} holds no key"
+    return pairs[0][1]
 
 
 def _envoy_dump(host: Any, config: StackConfig) -> str:

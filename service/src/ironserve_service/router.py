@@ -133,20 +133,26 @@ def _key_filter(settings: SwapSettings) -> list[JSON]:
 
 def read_api_keys(path: Path) -> list[tuple[str, str]]:
     """(client, key) pairs of the keys file; ValueError naming the line (never the key) when one is malformed."""
+    return parse_api_keys(path.read_text(encoding="utf-8"), str(path))
+
+
+def parse_api_keys(text: str, source: str) -> list[tuple[str, str]]:
+    """(client, key) pairs of a keys file's `text` (read where it lies: here, or on a host over SSH); ValueError
+    naming `source` and the line (never the key) when one is malformed."""
     pairs: list[tuple[str, str]] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
             continue
-        match = API_KEY_LINE.match(text)
+        match = API_KEY_LINE.match(stripped)
         if match is None:
             raise ValueError(
-                f"{path} line {number}: not '<client> <key>' (a key is 32-256 of A-Z a-z 0-9 . _ ~ + / = -)"
+                f"{source} line {number}: not '<client> <key>' (a key is 32-256 of A-Z a-z 0-9 . _ ~ + / = -)"
             )
         pairs.append((match["client"], match["key"]))
     clients, keys = [c for c, _ in pairs], [k for _, k in pairs]
     if len(set(clients)) != len(clients) or len(set(keys)) != len(keys):
-        raise ValueError(f"{path}: a client or a key appears twice")
+        raise ValueError(f"{source}: a client or a key appears twice")
     return pairs
 
 
