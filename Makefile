@@ -15,9 +15,9 @@ demo: setup
 	@bash scripts/demo.sh
 
 lint: setup
-	ruff check ironserve roles tests deploy.py setup.py inventory benchmarks
-	ruff format --check ironserve roles tests deploy.py setup.py inventory benchmarks
-	mypy ironserve roles deploy.py setup.py
+	ruff check ironserve lab/src roles tests deploy.py setup.py inventory benchmarks scripts
+	ruff format --check ironserve lab/src roles tests deploy.py setup.py inventory benchmarks scripts
+	mypy ironserve lab/src roles deploy.py setup.py
 	cd service && ruff check src tests scripts && ruff format --check src tests scripts && mypy
 
 unit: setup

@@ -6,25 +6,29 @@ reboot once if any role needs it (ironserve_reboot_policy).
 An inventory built with `ironserve.inventory.site()` was validated, every host, when pyinfra loaded it,
 before any connection; `config_for` checks this host again before any operation is queued (the only
 check for an inventory built without site()), so an invalid inventory changes no host.
-Facts: pyinfra reads one per command; ironserve.reads fetches those the operations declare together.
+Speed: ironserve.speed fetches the facts operations declare together (pyinfra reads one per command) and
+replaces three of pyinfra's repeated computations; IRONSERVE_PLAIN_PYINFRA=1 (`ironserve deploy --plain-pyinfra`)
+runs this deploy with pyinfra's own (ironserve/speed/README.md).
 `ironserve_roles` (or `ironserve deploy --roles a,b`) narrows a run to some roles; default all.
 """
 
 from pyinfra.context import host, state
 
-from ironserve import reads
-from ironserve.deploying import config_for, fleet_configs, pyinfra_without_repeated_work
+from ironserve import speed
+from ironserve.deploying import config_for, fleet_configs
 from ironserve.facts import ContainerKind, OsDistro
-from ironserve.reads import Read
 from ironserve.reboot import reboot_for_needs
 from ironserve.run import HostRun
+from ironserve.speed import reads
+from ironserve.speed.reads import Read
 from roles import REGISTRY
 
 # Every host's config, validated once per run; this host's own check (config_for) only where it is invalid.
 fleet = fleet_configs(state, REGISTRY)
 config = fleet.get(host.name) or config_for(host, REGISTRY)
-pyinfra_without_repeated_work()  # the same operation order and arguments, each computed cheaply
-reads.install(state)  # the facts operations declare are read in one round trip per host
+# The same operation order and arguments, each computed cheaply, and the facts operations declare read in one round
+# trip per host; nothing with IRONSERVE_PLAIN_PYINFRA=1 (then each read is pyinfra's, and reads.plan does nothing).
+speed.install(state)
 # Read while the roles are queued (which packages, whether this is a container, what a role's repository holds):
 # with the first facts fetched.
 selected = [role for role in REGISTRY.roles if role.name in config.roles]

@@ -11,10 +11,8 @@
    setuptools (`dynamic = ["dependencies"]`, nothing written into the tree), and over shipping the
    service inside this wheel because the service stays one distribution, installed once, editable in
    the dev venv.
-2. The acceptance gate ships in the wheel as `ironserve.acceptance` (files stay in tests/acceptance,
-   named test_<role>.py after the roles): `ironserve verify` runs it from any install.
-3. The lab (ironserve.lab) stays out of the wheel: a development tool, run from a checkout's dev venv,
-   where the editable install serves the whole ironserve/ folder.
+2. The top-level `templates/` and `files/` ship as the package data `ironserve.templates` and `ironserve.files`:
+   the one mapping setuptools needs for folders that sit beside the packages rather than inside one.
 """
 
 from __future__ import annotations
@@ -33,13 +31,14 @@ if not (SERVICE / "pyproject.toml").is_file():
         "not from an sdist: it depends on the checkout's service/ (ironserve-service)"
     )
 
+# The roles' templates and files live at the top, beside deploy.py (pyinfra's layout for deploy projects); they ship
+# as ironserve's package data, which ironserve.layout reads in a checkout and in an install alike.
+DATA_FOLDERS = {"ironserve.templates": "templates", "ironserve.files": "files"}
+
 pins: list[str] = tomllib.loads((HERE / "pyproject.toml").read_text())["tool"]["ironserve"]["dependencies"]
 
 setup(
     install_requires=[*pins, f"ironserve-service @ {SERVICE.as_uri()}"],
-    packages=[
-        *find_packages(include=["ironserve", "ironserve.*", "roles", "roles.*"], exclude=["ironserve.lab*"]),
-        "ironserve.acceptance",
-    ],
-    package_dir={"ironserve.acceptance": "tests/acceptance"},
+    packages=[*find_packages(include=["ironserve", "ironserve.*", "roles", "roles.*"]), *DATA_FOLDERS],
+    package_dir=DATA_FOLDERS,
 )

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ironserve.lab import manager
-from ironserve.lab.deploying import ANSI, GRAND_TOTAL, HOST_ROLES
-from ironserve.lab.hardware import DEFAULT_PROFILE
-from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
+from ironserve_lab import manager
+from ironserve_lab.deploying import ANSI, GRAND_TOTAL, HOST_ROLES
+from ironserve_lab.hardware import DEFAULT_PROFILE
+from ironserve_lab.state import LabHost
 
 COUNTED = Path(__file__).with_name("counted_deploy.py")
 

@@ -5,7 +5,7 @@ Container hosts defer reboots (their kernel is the machine's); VM hosts reboot f
 """
 
 from ironserve.inventory import site
-from ironserve.lab.inventory import lab_groups
+from ironserve_lab.inventory import lab_groups
 
 _containers, _vms = lab_groups()
 lab_containers = site(_containers)

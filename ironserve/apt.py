@@ -39,7 +39,7 @@ from ironserve.facts import (
     RepositoryStanzas,
 )
 from ironserve.operations import Commands, failing, report
-from ironserve.reads import Read, read, reading_operation
+from ironserve.speed.reads import Read, read, reading_operation
 
 # Seconds to wait for dpkg's lock when another apt holds it (an apt left running by a dropped SSH session,
 # unattended-upgrades): apt waits itself with DPkg::Lock::Timeout and says who holds the lock (apt.conf(5)).

@@ -1,4 +1,4 @@
-"""The `ironserve` command: lab, validate, deploy, verify, coverage, lock."""
+"""The `ironserve` command: validate, deploy, verify, coverage, lock (and `lab` where the lab is installed)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import gc
 import json
 import os
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
-from ironserve import verify
+from ironserve import speed, verify
 from ironserve.config import ConfigError, StackBase, lock_messages
 from ironserve.inventory import InventoryHost, load_inventory, report, validate_inventory
 from ironserve.lock import check_lock
@@ -18,6 +19,10 @@ from ironserve.profiles import available_profiles, read_profile
 from ironserve.registry import registry
 from ironserve.repocheck import check_repository
 from ironserve.repocheck import report as repository_report
+
+# The entry-point group through which other distributions add a subcommand (`register(subparsers)`): the lab's
+# development install adds `ironserve lab`, so this CLI never imports the lab.
+ADDED_COMMANDS = "ironserve.commands"
 
 
 def _validated(
@@ -34,39 +39,6 @@ def _validated(
         sys.stderr.write(report(problems))
         raise SystemExit(2)
     return hosts, configs
-
-
-def cmd_lab(args: argparse.Namespace) -> int:
-    # The lab is a development tool: imported only when asked for, never by deploy, verify or lock,
-    # and not in the admin's install (setup.py leaves it out of the wheel).
-    try:
-        from ironserve.lab import hardware, manager
-        from ironserve.lab import state as lab_state
-    except ModuleNotFoundError as exc:
-        if exc.name != "ironserve.lab":
-            raise
-        print("ironserve: the lab is in the development install only: `make setup` in a checkout", file=sys.stderr)
-        return 2
-
-    if args.lab_command == "up":
-        profile = args.profile or hardware.DEFAULT_PROFILE
-        if profile not in hardware.available():
-            raise ValueError(f"unknown hardware profile {profile!r}; accepted: {', '.join(hardware.available())}")
-        started = manager.up(args.hosts, args.vm, profile)
-        for host in started:
-            print(f"{host.name}\t{host.kind}\t{host.ssh_address}:{host.ssh_port}\t{host.hardware_profile}")
-    elif args.lab_command == "status":
-        hosts = lab_state.load().hosts
-        if not hosts:
-            print("lab: no hosts running")
-        for host in hosts:
-            print(f"{host.name}\t{host.kind}\t{host.ssh_address}:{host.ssh_port}\t{host.hardware_profile}")
-    elif args.lab_command == "ssh":
-        return manager.ssh(args.host, args.command)
-    elif args.lab_command == "down":
-        manager.down(set(args.hosts) or None)
-        print(f"lab: stopped {', '.join(args.hosts)}" if args.hosts else "lab: all hosts stopped, machine restored")
-    return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -100,6 +72,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     override = {"ironserve_roles": args.roles} if args.roles else {}
     _validated(args.inventory, override)
     deploy = deploy_file(args.deploy_file)
+    if args.plain_pyinfra:  # read as deploy.py runs and as each operation is queued (ironserve/speed/README.md)
+        os.environ[speed.PLAIN_PYINFRA] = "1"
     # pyinfra's command line in this process (no second interpreter start, nothing imported twice), as
     # `python -P -m pyinfra` would run it: with the installed ironserve and roles, never same-named folders of the
     # current directory. It runs in the current directory (its group_data/ was just validated); site() resolves
@@ -172,19 +146,9 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="ironserve", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
 
-    lab = sub.add_parser("lab", help="the local lab of disposable Debian 12 hosts")
-    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
-    up = lab_sub.add_parser("up", help="start lab hosts (kept running until `lab down`)")
-    up.add_argument("--hosts", type=int, default=1, help="how many hosts to start (default 1)")
-    up.add_argument("--vm", action="store_true", help="start qemu VMs (real kernel and GRUB) instead of containers")
-    up.add_argument("--profile", default=None, help="simulated hardware profile (ironserve/lab/hardware_profiles)")
-    lab_sub.add_parser("status", help="list running lab hosts")
-    ssh = lab_sub.add_parser("ssh", help="open SSH to a lab host")
-    ssh.add_argument("host")
-    ssh.add_argument("command", nargs=argparse.REMAINDER)
-    down = lab_sub.add_parser("down", help="stop lab hosts (all by default) and undo every change the lab made")
-    down.add_argument("hosts", nargs="*", help="stop only these hosts")
-    lab.set_defaults(func=cmd_lab)
+    # Commands other distributions add: the lab registers `ironserve lab` from its development install.
+    for command in entry_points(group=ADDED_COMMANDS):
+        command.load()(sub)
 
     validate = sub.add_parser(
         "validate", help="load and validate an inventory, print each host's profile and roles (no host is contacted)"
@@ -200,6 +164,11 @@ def parser() -> argparse.ArgumentParser:
     )
     deploy.add_argument("--limit", action="append", help="deploy only this host (repeatable)")
     deploy.add_argument("--roles", help="apply only these roles, comma-separated (default: all, in order)")
+    deploy.add_argument(
+        "--plain-pyinfra",
+        action="store_true",
+        help=f"run with pyinfra's own functions, none of ironserve.speed (as {speed.PLAIN_PYINFRA}=1 does)",
+    )
     deploy.add_argument("pyinfra_args", nargs=argparse.REMAINDER, help="passed to pyinfra, e.g. -v")
     deploy.set_defaults(func=cmd_deploy)
 
@@ -231,6 +200,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["lab"] and not entry_points(group=ADDED_COMMANDS, name="lab"):
+        print("ironserve: the lab is in the development install only: `make setup` in a checkout", file=sys.stderr)
+        return 2
     args = parser().parse_args(argv)
     try:
         result: int = args.func(args)

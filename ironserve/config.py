@@ -47,14 +47,36 @@ SHOWN_MAX = 80  # characters of a value a message shows
 MESSAGE_MAX = 300  # characters of a validator's own message
 
 
+def prefixed(prefix: str) -> Callable[[str], str]:
+    """A role settings model's `alias_generator`: its field `mode` is read from the inventory key `<prefix>_mode`.
+
+    Each role names its prefix (the role's name) once, `model_config = ConfigDict(alias_generator=prefixed("bios"))`,
+    instead of one `alias=` per field; messages and the accepted-key lists read the generated aliases.
+    """
+
+    def alias(name: str) -> str:
+        return f"{prefix}_{name}"
+
+    return alias
+
+
 class RoleSettings(BaseModel):
-    """Base of every role's settings: immutable, unknown keys refused, defaults validated like input."""
+    """Base of every role's settings: immutable, unknown keys refused, defaults validated like input.
+
+    A role's model sets `model_config = ConfigDict(alias_generator=prefixed("<role>"))`, so each field's inventory
+    key is `<role>_<field>`.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
 
 class StackBase(BaseModel):
-    """What every host's configuration has besides its roles' settings (declared by the registry's subclass)."""
+    """What every host's configuration has besides its roles' settings (declared by the registry's subclass).
+
+    Its aliases stay written out, unlike the roles': the model also holds fields that are no inventory key (`host`,
+    `profile`, the registry subclass's one field per role, set by build_config under their own names), and
+    `profile_name` is read from `ironserve_profile`, not `ironserve_profile_name`.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     host: str
@@ -130,7 +152,7 @@ class Role:
     check_fleet: Callable[[Mapping[str, Any]], list[str]] | None = None
     # Runs only where ironserve_roles names it (a layer a site adds, such as Kubernetes on a single server).
     opt_in: bool = False
-    # The facts the role reads while it is queued (ironserve.reads.Read), fetched with the deploy's first facts.
+    # The facts the role reads while it is queued (ironserve.speed.reads.Read), fetched with the deploy's first facts.
     queue_reads: Callable[[Any], list[Any]] | None = None
 
 

@@ -1,6 +1,6 @@
 """`ironserve coverage`: how much of the invariant catalog the project accounts for, per area.
 
-An id counts as asserted by the acceptance gate when a test under tests/acceptance/ carries it in
+An id counts as asserted by the acceptance gate when a test under ironserve/acceptance/ carries it in
 `@pytest.mark.invariant(...)`; asserted elsewhere when another test does (unit, lab, service);
 waived when a waivers file gives it a reason; otherwise it is not yet accounted for.
 Tests are found by pytest's own collection, so ids from parametrised tables count too.
@@ -66,7 +66,7 @@ def collected_ids(project: Path, targets: list[str]) -> dict[str, list[str]]:
 
 def tagged_tests() -> dict[str, list[str]]:
     """Every tagged test of the repository and the service, keyed by a path relative to the repository."""
-    tagged = collected_ids(REPO_ROOT, ["tests"])
+    tagged = collected_ids(REPO_ROOT, ["tests", "ironserve/acceptance"])
     tagged |= {f"service/{node}": ids for node, ids in collected_ids(REPO_ROOT / "service", ["tests"]).items()}
     return tagged
 
@@ -93,8 +93,8 @@ def waivers(files: tuple[Path, ...] = WAIVER_FILES) -> dict[str, str]:
 
 
 def classify(entries: list[Entry], tagged: dict[str, list[str]]) -> dict[str, str]:
-    acceptance = {i for node, ids in tagged.items() if node.startswith("tests/acceptance/") for i in ids}
-    elsewhere = {i for node, ids in tagged.items() if not node.startswith("tests/acceptance/") for i in ids}
+    acceptance = {i for node, ids in tagged.items() if node.startswith("ironserve/acceptance/") for i in ids}
+    elsewhere = {i for node, ids in tagged.items() if not node.startswith("ironserve/acceptance/") for i in ids}
     waived = waivers()
     status = {}
     for entry in entries:

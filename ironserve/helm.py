@@ -19,7 +19,7 @@ from pyinfra.api.facts import FactBase
 from pyinfra.context import host
 
 from ironserve.operations import Commands
-from ironserve.reads import Read, read, reading_operation
+from ironserve.speed.reads import Read, read, reading_operation
 
 HELM = "/usr/local/bin/helm"  # where Helm's install guide puts the binary of its release tarball
 TARBALL_MEMBER = "linux-amd64/helm"  # the binary's path inside helm-v<version>-linux-amd64.tar.gz

@@ -23,8 +23,8 @@ from pyinfra.context import host
 
 from ironserve import manifests
 from ironserve.operations import Commands
-from ironserve.reads import Read, read, reading_operation
 from ironserve.secrets import private_upload, refuse_escalation
+from ironserve.speed.reads import Read, read, reading_operation
 
 ADMIN_KUBECONFIG = "/etc/kubernetes/admin.conf"  # kubeadm's, on every control plane
 

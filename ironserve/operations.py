@@ -15,7 +15,7 @@ from pyinfra.operations import files, systemd
 from pyinfra.operations.util.files import adjust_regex
 
 from ironserve.facts import ContainerKind, StaleUnits, SysctlState, UnitsNeedingReload
-from ironserve.reads import Read, read, reading_operation
+from ironserve.speed.reads import Read, read, reading_operation
 
 # What an operation function returns: the commands it yields (strings, StringCommand, FunctionCommand, or
 # another operation's `_inner`).

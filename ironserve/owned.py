@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from io import BytesIO
+from pathlib import Path
 from typing import Any
 
 from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
@@ -26,7 +27,7 @@ from pyinfra.operations import files
 
 from ironserve.apt import installed
 from ironserve.operations import Commands, failing, report
-from ironserve.reads import Read, read, reading_operation
+from ironserve.speed.reads import Read, read, reading_operation
 
 BACKUP_DIR = "/var/backups/ironserve"
 CLEAR_IMMUTABLE_KEY = "ironserve_clear_immutable"
@@ -78,9 +79,10 @@ def parse_path_shape(lines: list[str]) -> PathShape:
     return PathShape(kind, mode, user, group, immutable == "i", sha256, target)
 
 
-def render_template(path: str, **context: Any) -> str:
-    """A role's jinja2 template rendered as pyinfra's files.template does, for owned_file's content."""
-    return get_template(path).render(**context)
+def render_template(path: Path, **context: Any) -> str:
+    """A role's jinja2 template (ironserve.layout.role_template) rendered as pyinfra's files.template does, for
+    owned_file's content."""
+    return get_template(str(path)).render(**context)
 
 
 def backup_path(path: str) -> str:

@@ -50,12 +50,6 @@ def cache_dir() -> Path:
     return root
 
 
-def lab_dir() -> Path:
-    path = cache_dir() / "lab"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def spec_dir() -> Path:
     """The shared invariant catalog, beside the repository (../shared/spec)."""
     return Path(os.environ.get("IRONSERVE_SPEC", REPO_ROOT.parent / "shared" / "spec"))

@@ -25,7 +25,7 @@ from pyinfra.operations import files, server
 
 from ironserve.facts import ContainerKind
 from ironserve.operations import Commands
-from ironserve.reads import Read, read, reading_operation
+from ironserve.speed.reads import Read, read, reading_operation
 
 RebootPolicy = Literal["auto", "defer", "never"]
 REBOOT_MARKER = "/run/reboot-required"  # the file Debian and Ubuntu tools check (update-notifier's convention)

@@ -30,7 +30,7 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File, Sha256File
 
 from ironserve.paths import REPO_ROOT
-from ironserve.reads import Read, read, reading_operation
+from ironserve.speed.reads import Read, read, reading_operation
 
 MASK = "***"
 # A key whose whole value is a secret (or names where one is).

@@ -23,7 +23,7 @@ from pyinfra.api.facts import FactBase
 from pyinfra.context import host
 
 from ironserve.operations import Commands, failing
-from ironserve.reads import Read, read, reading_operation
+from ironserve.speed.reads import Read, read, reading_operation
 
 # sysctl.d(5)'s directories, highest precedence first: a file name found in an earlier one masks the later ones.
 SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")

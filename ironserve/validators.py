@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, StringConstraints
 
 # --- patterns for pydantic's `pattern=` (Rust regex: `^`/`$` are the ends of the text) ---------------------
 # Debian policy 5.6.1 (package names) and 5.6.12 (versions: [epoch:]upstream[-revision]).
@@ -31,8 +31,14 @@ DEBIAN_PACKAGE = r"^[a-z0-9][a-z0-9+.-]+$"
 DEBIAN_VERSION = r"^[0-9][A-Za-z0-9.+~:-]*$"
 SHA256 = r"^[0-9a-f]{64}$"
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# A base URL a role appends its paths to: the upstream server or the site's mirror of it over http(s), or a
+# file:// copy; no trailing slash (the role adds each `/`).
+BASE_URL = r"^(https?|file)://\S+[^/]$"
 PackageName = Annotated[str, Field(pattern=DEBIAN_PACKAGE)]
 PackageVersion = Annotated[str, Field(pattern=DEBIAN_VERSION)]
+# A download's SHA-256 as sha256sum prints it: 64 lower-case hex digits.
+Sha256 = Annotated[str, StringConstraints(pattern=SHA256)]
+BaseUrl = Annotated[str, StringConstraints(pattern=BASE_URL)]
 
 INT_MAX = 2**31 - 1  # a kernel `int` sysctl (proc_dointvec) holds no more
 

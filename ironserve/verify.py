@@ -15,12 +15,9 @@ from pathlib import Path
 
 from ironserve.config import StackBase
 from ironserve.inventory import InventoryHost
-from ironserve.paths import REPO_ROOT
 
-# The gate ships with ironserve as ironserve.acceptance (setup.py maps it from tests/acceptance): installed
-# (`pip install .`) it lies beside this file; the dev venv's editable install reads the checkout's folder.
-_INSTALLED = Path(__file__).resolve().parent / "acceptance"
-ACCEPTANCE_DIR = _INSTALLED if (_INSTALLED / "conftest.py").is_file() else REPO_ROOT / "tests" / "acceptance"
+# The gate is part of the product (ironserve.acceptance): the same files from a checkout and from an install.
+ACCEPTANCE_DIR = Path(__file__).resolve().parent / "acceptance"
 
 
 def ssh_config(hosts: list[InventoryHost], control_dir: Path) -> str:
@@ -43,7 +40,7 @@ def ssh_config(hosts: list[InventoryHost], control_dir: Path) -> str:
 
 
 def acceptance_files(configs: dict[str, StackBase]) -> list[str]:
-    """The acceptance files of the roles these hosts run (tests/acceptance/test_<role>.py mirrors roles/<role>)."""
+    """The acceptance files of the roles these hosts run (acceptance/test_<role>.py mirrors roles/<role>)."""
     roles = {role for config in configs.values() for role in config.roles}
     return [str(path) for path in sorted(ACCEPTANCE_DIR.glob("test_*.py")) if path.stem.removeprefix("test_") in roles]
 

@@ -1,8 +1,9 @@
 """The roles of ironserve's deploy, in order, and the stack model that holds one host's settings of each.
 
 One role is one package: `roles/<name>/__init__.py` has its single `@deploy`, `settings.py` its settings
-model (the inventory keys prefixed `<name>_`, with defaults and descriptions), and its facts, templates
-and files beside them. This module is the only place that lists them; the core (`ironserve/`) receives
+model (the inventory keys prefixed `<name>_`, with defaults and descriptions), its facts, operations and
+renderings beside them; its templates and files are in the project's `templates/<name>/` and `files/<name>/`
+(ironserve.layout). This module is the only place that lists them; the core (`ironserve/`) receives
 the registry and names no role.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the lab's real Kubernetes 1.20.2 node binaries from Debian 12's `kubernetes` source package, once.
 #
-# The lab node (ironserve/lab/kubernetes_node.py) runs these: a real control plane and a real kubelet, as an
+# The lab node (lab/src/ironserve_lab/kubernetes_node.py) runs these: a real control plane and a real kubelet, as an
 # oracle for API and kubelet behaviour (never the version ironserve pins for sites). Output, outside the
 # repository like the lab's root file systems:
 #   $IRONSERVE_CACHE/kubernetes-1.20.2/bin/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubeadm,kubectl,pause}
@@ -20,10 +20,10 @@ ROOT="$FINAL.building"
 BIN="$ROOT/bin"
 STAMP="$FINAL/.built"
 # kubectl: the deploy's diff and server-side apply, run for real against the lab's API server.
-# lab-gpu-device-plugin: the lab's stand-in of NVIDIA's device plugin (ironserve/lab/files/gpu-device-plugin),
+# lab-gpu-device-plugin: the lab's stand-in of NVIDIA's device plugin (lab/src/ironserve_lab/files/gpu-device-plugin),
 # built in this tree against the kubelet's own device-plugin API package and its vendored gRPC.
 COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubeadm kubectl lab-gpu-device-plugin)
-PLUGIN_SOURCE="$(cd "$(dirname "$0")/.." && pwd)/ironserve/lab/files/gpu-device-plugin/main.go"
+PLUGIN_SOURCE="$(cd "$(dirname "$0")/.." && pwd)/lab/src/ironserve_lab/files/gpu-device-plugin/main.go"
 BUILT="${COMPONENTS[*]} $(sha256sum "$PLUGIN_SOURCE" | cut -c1-16)"
 
 # One build at a time (`make kubernetes-build` and a lab test may start at once); the second finds the stamp.

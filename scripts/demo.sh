@@ -25,5 +25,5 @@ PY
 echo
 echo "== a completion through Envoy on $host (simulated: CPU vLLM and a tiny model with random weights) =="
 # The API key the deploy made on the host, read over SSH for this one call and never printed.
-python -m ironserve.lab.demo "$host" || status=1
+python -m ironserve_lab.demo "$host" || status=1
 exit $status

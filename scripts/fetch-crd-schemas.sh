@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch the pinned npm packages of roles/cluster_addons/crd-schemas.lock into the cache (outside the repo),
+# Fetch the pinned npm packages of files/cluster_addons/crd-schemas.lock into the cache (outside the repo),
 # check each tarball's sha256, unpack it, and build the closed JSON Schemas the cluster add-ons' custom
 # resources are validated against ($IRONSERVE_CACHE/crd-schemas/schemas.json). Idempotent: a package whose
 # unpacked copy carries the locked sha256 is not fetched again; the schemas are rebuilt when the lock changes.
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 CACHE="${IRONSERVE_CACHE:-$HOME/.cache/ironserve}"
 DEST="$CACHE/crd-schemas"
-LOCK=roles/cluster_addons/crd-schemas.lock
+LOCK=files/cluster_addons/crd-schemas.lock
 PYTHON="${PYTHON:-${IRONSERVE_VENV:-$CACHE/venv}/bin/python}"
 mkdir -p "$DEST"
 
@@ -32,4 +32,4 @@ while read -r package version sha256 _; do
   trap - EXIT
 done <"$LOCK"
 
-IRONSERVE_CACHE="$CACHE" "$PYTHON" -c 'from roles.cluster_addons.crd_schemas import main; raise SystemExit(main(["build"]))'
+IRONSERVE_CACHE="$CACHE" "$PYTHON" -c 'from roles.cluster_addons.models_crd import main; raise SystemExit(main(["build"]))'

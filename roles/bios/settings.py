@@ -12,46 +12,43 @@ import ssl
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from ironserve.config import LOCAL_PATH, RoleSettings
+from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
 from ironserve.secrets import private_file
-from roles.bios.redfish import https_address, normalised_fingerprint
+from roles.bios.client import https_address, normalised_fingerprint
 
 
 class BiosSettings(RoleSettings):
     """Settings of roles/bios."""
 
+    model_config = ConfigDict(alias_generator=prefixed("bios"))
+
     redfish_address: str | None = Field(
         None,
-        alias="bios_redfish_address",
         description="The iDRAC's Redfish base URL, https only (`https://10.0.0.21`, `https://idrac-r740-01.example`: "
         "an ASCII name or an IP address, no credentials); None: the BIOS is not checked out of band (reported "
         "as skip).",
     )
     mode: Literal["check", "apply"] = Field(
         "check",
-        alias="bios_mode",
         description="check: report differences and fail the preflight; apply: PATCH Bios/Settings, schedule "
         "the Dell job, re-read and prove current == desired.",
     )
     reboot_policy: Literal["auto", "never"] = Field(
         "never",
-        alias="bios_reboot_policy",
         description="auto: ComputerSystem.Reset through the iDRAC to apply pending settings before the "
         "preflight judges them; never: leave them pending (the preflight fails). A firmware "
         "reset, separate from the OS reboot of ironserve_reboot_policy.",
     )
     credentials_file: str | None = Field(
         None,
-        alias="bios_credentials_file",
         json_schema_extra=LOCAL_PATH,
         description="A file on the admin machine holding `user:password` (mode 0600, outside the repository); "
         "None: IRONSERVE_REDFISH_USER / IRONSERVE_REDFISH_PASSWORD.",
     )
     ca_file: str | None = Field(
         None,
-        alias="bios_ca_file",
         json_schema_extra=LOCAL_PATH,
         description="PEM file on the admin machine the iDRAC's certificate is verified against, instead of the "
         "system CAs: the site CA, or the iDRAC's own self-signed certificate; the certificate must name "
@@ -59,14 +56,12 @@ class BiosSettings(RoleSettings):
     )
     tls_fingerprint: str | None = Field(
         None,
-        alias="bios_tls_fingerprint",
         description="SHA-256 fingerprint of the iDRAC's certificate (DER; `AB:CD:...` or 64 hex digits), checked on "
         "every connection before anything is sent; alone it replaces CA and name checks (a factory "
         "self-signed certificate), with bios_ca_file both must hold.",
     )
     apply_timeout_s: int = Field(
         900,
-        alias="bios_apply_timeout_s",
         gt=0,
         le=7200,
         description="Seconds to wait for the Dell job and the re-read after a reset.",

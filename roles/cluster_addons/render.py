@@ -3,8 +3,8 @@
 Each function receives the whole configuration (`config.kubernetes` for the pod subnet, the API server's
 endpoint and the DNS domain; `config.cluster_addons` for the rest) and returns Helm releases (chart, pinned
 version, repository, values) or Kubernetes objects as dicts; `problems` validates all of it: built-in kinds by
-kubernetes-validate's strict schemas, custom resources by the closed schemas of `crd_schemas`, Helm values by
-`models`, the Corefile by `corefile.problems`. The Cloudflare token is only ever an argument of
+kubernetes-validate's strict schemas, custom resources by the closed schemas of `models_crd`, Helm values by
+`models`, the Corefile by `render_corefile.problems`. The Cloudflare token is only ever an argument of
 `cloudflare_token_secret`; nothing else renders it.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from ironserve import manifests
 from ironserve.manifests import Manifest
-from roles.cluster_addons import corefile, crd_schemas
+from roles.cluster_addons import models_crd, render_corefile
 from roles.cluster_addons.models import (
     CertManagerValues,
     CiliumValues,
@@ -52,7 +52,7 @@ HTTPS_PORT = 443
 # Envoy's HTTP/2 default of concurrent streams per connection, set explicitly so the HCM carries
 # http2_protocol_options (ingress-envoy-http2; Envoy Gateway HTTP2Settings: "the default value is 100").
 HTTP2_MAX_CONCURRENT_STREAMS = 100
-RUNTIME_CLASS = "nvidia"  # containerd's runtime of that name (roles/container_runtime/containerd.py)
+RUNTIME_CLASS = "nvidia"  # containerd's runtime of that name (roles/container_runtime/render.py)
 # A stand-in for the token where the Secret's shape is checked at inventory load; the real one is never read then.
 TOKEN_STAND_IN = "stand-in-for-the-cloudflare-api-token"
 
@@ -203,7 +203,7 @@ def helm_releases(config: AddonsConfig, trust_anchors: str) -> tuple[HelmRelease
 
 def coredns_configmap(config: AddonsConfig) -> Manifest:
     """kube-system/coredns: kubeadm 1.31's Corefile with the site's forward targets."""
-    text = corefile.corefile(config.kubernetes.dns_domain, config.cluster_addons.coredns_forward)
+    text = render_corefile.corefile(config.kubernetes.dns_domain, config.cluster_addons.coredns_forward)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta("coredns", "kube-system"),
             "data": {"Corefile": text}}  # fmt: skip
 
@@ -432,9 +432,9 @@ def problems(
     for release in releases:
         found += values_problems(release.chart, release.values)
     objects = [*manifests_of(config, service_port), cloudflare_token_secret(token)]
-    custom = crd_schemas.custom_validators(CUSTOM_KINDS, schemas_root)
+    custom = models_crd.custom_validators(CUSTOM_KINDS, schemas_root)
     found += manifests.problems(objects, config.kubernetes.version, custom=custom)
-    found += corefile.problems(
+    found += render_corefile.problems(
         coredns_configmap(config)["data"]["Corefile"],
         config.kubernetes.dns_domain,
         config.cluster_addons.coredns_forward,

@@ -10,16 +10,18 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, StringConstraints, field_validator
 
-from ironserve.config import LOCAL_PATH, RoleSettings
+from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
 from ironserve.secrets import credentials_refused
+from ironserve.validators import BaseUrl, Sha256
 
 SEMVER = r"^[0-9]+\.[0-9]+\.[0-9]+$"
 # A chart repository or mirror: https://, oci:// (Helm OCI registries) or file:// for a local copy.
 CHART_REPO = r"^(https?|oci|file)://\S+[^/]$"
+ChartRepo = Annotated[str, StringConstraints(pattern=CHART_REPO)]
 DNS_NAME = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+")
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
 PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
@@ -35,62 +37,52 @@ def _dns_names(values: tuple[str, ...], example: str) -> tuple[str, ...]:
 class ClusterAddonsSettings(RoleSettings):
     """Settings of roles/cluster_addons."""
 
+    model_config = ConfigDict(alias_generator=prefixed("cluster_addons"))
+
     # --- Helm -----------------------------------------------------------------------------------------------
     helm_version: str = Field(
         "3.17.3",
-        alias="cluster_addons_helm_version",
         pattern=SEMVER,
         description="The Helm client the control planes install the charts with (Helm 3.17 supports Kubernetes "
         "1.29-1.32; helm.sh version skew policy).",
     )
-    helm_base_url: str = Field(
+    helm_base_url: BaseUrl = Field(
         "https://get.helm.sh",
-        alias="cluster_addons_helm_base_url",
-        pattern=r"^(https?|file)://\S+[^/]$",
         description="Where helm-v<version>-linux-amd64.tar.gz is downloaded from: Helm's release server or the "
         "site's mirror of it.",
     )
-    helm_sha256: str | None = Field(
+    helm_sha256: Sha256 | None = Field(
         None,
-        alias="cluster_addons_helm_sha256",
-        pattern=r"^[0-9a-f]{64}$",
         description="SHA-256 of helm-v<version>-linux-amd64.tar.gz (Helm publishes it beside the tarball as "
         ".sha256sum); the download is refused on any other. Required.",
     )
     # --- cilium ---------------------------------------------------------------------------------------------
     cilium_version: str = Field(
         "1.18.3",
-        alias="cluster_addons_cilium_version",
         pattern=SEMVER,
         description="cni-cilium: the cilium chart's version (Cilium 1.18 lists Kubernetes 1.30-1.33, so 1.31 "
         "is supported; docs.cilium.io system requirements).",
     )
-    cilium_chart_repo: str = Field(
+    cilium_chart_repo: ChartRepo = Field(
         "https://helm.cilium.io",
-        alias="cluster_addons_cilium_chart_repo",
-        pattern=CHART_REPO,
         description="Helm repository of the cilium chart, or the site's mirror of it.",
     )
     cilium_routing_mode: Literal["tunnel", "native"] = Field(
         "tunnel",
-        alias="cluster_addons_cilium_routing_mode",
         description="cni-cilium-routing-mode: tunnel (VXLAN, works on any network) or native (nodes on one L2: "
         "autoDirectNodeRoutes and ipv4NativeRoutingCIDR); `tunnel=disabled` was removed in Cilium 1.15.",
     )
     cilium_tunnel_protocol: Literal["vxlan", "geneve"] = Field(
         "vxlan",
-        alias="cluster_addons_cilium_tunnel_protocol",
         description="The encapsulation of routingMode tunnel (cilium's default, vxlan).",
     )
     cilium_native_routing_cidr: str | None = Field(
         None,
-        alias="cluster_addons_cilium_native_routing_cidr",
         description="ipv4NativeRoutingCIDR of routingMode native: the network routed without encapsulation; "
         "None: kubernetes_pod_subnet.",
     )
     cilium_pod_cidr_mask_size: int = Field(
         24,
-        alias="cluster_addons_cilium_pod_cidr_mask_size",
         ge=16,
         le=28,
         description="ipam.operator.clusterPoolIPv4MaskSize: each node's slice of the pod subnet (cilium's "
@@ -99,7 +91,6 @@ class ClusterAddonsSettings(RoleSettings):
     # --- CoreDNS --------------------------------------------------------------------------------------------
     coredns_forward: tuple[str, ...] = Field(
         ("1.1.1.1", "8.8.8.8"),
-        alias="cluster_addons_coredns_forward",
         min_length=1,
         description="dns-corefile-forward: the resolvers CoreDNS forwards non-cluster names to, IP addresses "
         "(the seed's 1.1.1.1 and 8.8.8.8; the only line of kubeadm's Corefile that changes).",
@@ -107,20 +98,16 @@ class ClusterAddonsSettings(RoleSettings):
     # --- Envoy Gateway ---------------------------------------------------------------------------------------
     envoy_gateway_version: str = Field(
         "1.6.7",
-        alias="cluster_addons_envoy_gateway_version",
         pattern=SEMVER,
         description="ingress-envoy: the gateway-helm chart's version (Envoy Gateway 1.6 supports Kubernetes "
         "1.30-1.33 and bundles Gateway API v1.4.0; gateway.envoyproxy.io compatibility matrix).",
     )
-    envoy_gateway_chart_repo: str = Field(
+    envoy_gateway_chart_repo: ChartRepo = Field(
         "oci://docker.io/envoyproxy",
-        alias="cluster_addons_envoy_gateway_chart_repo",
-        pattern=CHART_REPO,
         description="The OCI registry holding the gateway-helm chart, or the site's mirror of it.",
     )
     stream_idle_timeout_s: int = Field(
         300,
-        alias="cluster_addons_stream_idle_timeout_s",
         ge=1,
         le=86400,
         description="ingress-envoy-stream-idle-timeout: seconds a stream may stay idle (the HCM's "
@@ -128,7 +115,6 @@ class ClusterAddonsSettings(RoleSettings):
     )
     grpc_web_backend: str | None = Field(
         None,
-        alias="cluster_addons_grpc_web_backend",
         pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?:[0-9]{1,5}$",
         description="ingress-grpc-web: SERVICE:PORT of a gRPC Service in namespace ai to route by a GRPCRoute; "
         "Envoy Gateway adds the grpc_web filter to a listener a GRPCRoute attaches to. None: no gRPC route.",
@@ -136,20 +122,16 @@ class ClusterAddonsSettings(RoleSettings):
     # --- linkerd --------------------------------------------------------------------------------------------
     linkerd_chart_version: str = Field(
         "2024.11.8",
-        alias="cluster_addons_linkerd_chart_version",
         pattern=r"^[0-9]{4}\.[0-9]{1,2}\.[0-9]{1,2}$",
         description="mesh-linkerd: the linkerd-crds and linkerd-control-plane chart version (edge-24.11.8; the "
         "Linkerd project publishes edge releases only).",
     )
-    linkerd_chart_repo: str = Field(
+    linkerd_chart_repo: ChartRepo = Field(
         "https://helm.linkerd.io/edge",
-        alias="cluster_addons_linkerd_chart_repo",
-        pattern=CHART_REPO,
         description="Helm repository of the linkerd charts, or the site's mirror of it.",
     )
     linkerd_trust_anchor: str | None = Field(
         None,
-        alias="cluster_addons_linkerd_trust_anchor",
         json_schema_extra=LOCAL_PATH,
         min_length=1,
         description="Path on the deploy machine of the mesh's trust anchor certificate (PEM, certificate only, "
@@ -158,47 +140,39 @@ class ClusterAddonsSettings(RoleSettings):
     # --- cert-manager ---------------------------------------------------------------------------------------
     cert_manager_version: str = Field(
         "1.19.4",
-        alias="cluster_addons_cert_manager_version",
         pattern=SEMVER,
         description="cert-manager-dns01-cloudflare: the cert-manager chart's version (1.19 supports Kubernetes "
         "1.31-1.35; cert-manager.io supported releases).",
     )
-    cert_manager_chart_repo: str = Field(
+    cert_manager_chart_repo: ChartRepo = Field(
         "https://charts.jetstack.io",
-        alias="cluster_addons_cert_manager_chart_repo",
-        pattern=CHART_REPO,
         description="Helm repository of the cert-manager chart, or the site's mirror of it.",
     )
     acme_server: str = Field(
         "https://acme-v02.api.letsencrypt.org/directory",
-        alias="cluster_addons_acme_server",
         pattern=r"^https://\S+$",
         description="cert-no-self-signed: the ACME directory of the ClusterIssuer (Let's Encrypt production; "
         "its staging directory issues untrusted certificates).",
     )
     acme_email: str | None = Field(
         None,
-        alias="cluster_addons_acme_email",
         pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$",
         description="The ACME account's contact address (expiry notices). Required.",
     )
     dns_zones: tuple[str, ...] = Field(
         (),
-        alias="cluster_addons_dns_zones",
         json_schema_extra={"default_shown": "required"},
         description="The Cloudflare zones the DNS01 solver answers for (its selector.dnsZones), such as "
         "`[example.com]`. Required.",
     )
     tls_dns_names: tuple[str, ...] = Field(
         (),
-        alias="cluster_addons_tls_dns_names",
         json_schema_extra={"default_shown": "required"},
         description="cert-ingress-tls-secret: the names of the certificate in Secret ai/tls-secret, and the "
         "HTTPRoute's hostnames, such as `[llm.example.com]`. Required.",
     )
     cloudflare_token_env: str = Field(
         "IRONSERVE_CLOUDFLARE_API_TOKEN",
-        alias="cluster_addons_cloudflare_token_env",
         pattern=ENV_NAME,
         description="cert-cloudflare-token-secret: the environment variable of the deploy machine holding the "
         "Cloudflare API token (Zone:DNS:Edit) put into Secret cert-manager/cloudflare-api-token; unset, the Secret "
@@ -206,21 +180,18 @@ class ClusterAddonsSettings(RoleSettings):
     )
     cloudflare_api_token: None = Field(
         None,
-        alias="cluster_addons_cloudflare_api_token",
         description="Refused whatever its value: the token is a credential, read from the variable "
         "cluster_addons_cloudflare_token_env names, never from the inventory.",
     )
     # --- NVIDIA device plugin -------------------------------------------------------------------------------
     device_plugin_version: str = Field(
         "v0.17.0",
-        alias="cluster_addons_device_plugin_version",
         pattern=r"^v[0-9]+\.[0-9]+\.[0-9]+$",
         description="k8s-nvidia-device-plugin: the NVIDIA device plugin's image tag (its static manifest "
         "deployments/static/nvidia-device-plugin.yml of the same tag is what is rendered).",
     )
     device_plugin_image: str = Field(
         "nvcr.io/nvidia/k8s-device-plugin",
-        alias="cluster_addons_device_plugin_image",
         pattern=r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+$",
         description="The device plugin's image without tag, from NVIDIA's registry or the site's mirror.",
     )

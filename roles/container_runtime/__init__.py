@@ -1,7 +1,7 @@
 """containerd from Debian, pinned, with the systemd cgroup driver and the NVIDIA runtime registered,
 plus the kernel prerequisites of containers and Kubernetes (modules, bridge sysctls, swap off).
 
-config.toml is rendered and schema-checked by roles.container_runtime.containerd before it is shipped. Inside a
+config.toml is rendered and schema-checked by roles.container_runtime.render before it is shipped. Inside a
 container host, kernel modules and swap belong to the machine running it: the role persists what
 it can, checks what the kernel already provides, and reports the rest instead of failing.
 """
@@ -21,16 +21,16 @@ from ironserve.apt import held, pinned_install, pins_in_force, preferences
 from ironserve.facts import ContainerKind, OsDistro
 from ironserve.operations import Commands, live_sysctl, service_state, stop_host
 from ironserve.owned import backed_up, backup_path, owned_directory, owned_file, unmasked
-from ironserve.reads import Read, read, reading_operation
 from ironserve.run import HostRun
+from ironserve.speed.reads import Read, read, reading_operation
 from ironserve.sysctl_boot import boot_sysctls_win
-from roles.container_runtime.containerd import (
+from roles.container_runtime.facts import FSTAB_SWAP_LINE, KernelModules, SwapState
+from roles.container_runtime.render import (
     ContainerdConfigError,
     hosts_toml,
     nvidia_cli_keeps_cgroups,
     render_config,
 )
-from roles.container_runtime.facts import FSTAB_SWAP_LINE, KernelModules, SwapState
 from roles.container_runtime.settings import REGISTRY_CONFIG_PATH
 
 if TYPE_CHECKING:  # the registry imports this package

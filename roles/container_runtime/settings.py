@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ironserve.config import RoleSettings
+from ironserve.config import RoleSettings, prefixed
 from ironserve.validators import (
     PackageName,
     PackageVersion,
@@ -105,9 +105,10 @@ OS_PACKAGES: dict[str, dict[str, str]] = {
 class ContainerRuntimeSettings(RoleSettings):
     """Settings of roles/container_runtime."""
 
+    model_config = ConfigDict(alias_generator=prefixed("container_runtime"))
+
     packages: dict[PackageName, PackageVersion] | None = Field(
         None,
-        alias="container_runtime_packages",
         description="OS packages at exact versions: apt preferences (priority 1001, so apt also downgrades), one "
         "install of the set, `apt-mark hold`. None: the host's OS's own (debian12: containerd "
         "1.6.20~ds1-1+deb12u3, runc 1.1.5+ds1-1+deb12u1; ubuntu2204: containerd 1.7.12-0ubuntu2~22.04.1, runc "
@@ -115,47 +116,39 @@ class ContainerRuntimeSettings(RoleSettings):
     )
     default_runtime: Literal["runc", "nvidia"] = Field(
         "runc",
-        alias="container_runtime_default_runtime",
         description="cri-nvidia-runtime: containerd's `default_runtime_name`, the runtime a pod that names "
         "none gets: runc or nvidia.",
     )
     nvidia_binary: Annotated[str, AfterValidator(_nvidia_runtime)] = Field(
         "/usr/bin/nvidia-container-runtime",
-        alias="container_runtime_nvidia_binary",
         description='cri-nvidia-runtime: `BinaryName` of the runtime "nvidia" (always registered), run as root by '
         "containerd: nvidia-container-runtime[.cdi|.legacy] in /usr/bin, /usr/local/bin or /usr/local/nvidia/toolkit.",
     )
     snapshotter: Literal["overlayfs", "devmapper"] = Field(
         "overlayfs",
-        alias="container_runtime_snapshotter",
         description="cri-devmapper-snapshotter (correction): overlayfs by default; devmapper needs the "
         "thin-pool below.",
     )
     devmapper_pool_name: Annotated[str, AfterValidator(_dm_name)] | None = Field(
         None,
-        alias="container_runtime_devmapper_pool_name",
         description="devmapper only: the LVM thin-pool's device-mapper name; required when devmapper is chosen.",
     )
     devmapper_root_path: DevmapperRoot = Field(
         "/var/lib/containerd/devmapper",
-        alias="container_runtime_devmapper_root_path",
         description="devmapper only: the snapshotter's metadata folder, inside /var/lib/containerd (containerd's "
         "root).",
     )
     devmapper_base_image_size: Annotated[str, AfterValidator(_size)] = Field(
         "40GB",
-        alias="container_runtime_devmapper_base_image_size",
         description="devmapper only: each image's base size.",
     )
     sandbox_image: Annotated[str, AfterValidator(_image)] = Field(
         "registry.k8s.io/pause:3.10",
-        alias="container_runtime_sandbox_image",
         description="The pause image of every pod (CRI `sandbox_image`), as kubeadm 1.31 expects it; a site "
         "names its registry mirror's copy.",
     )
     registry_mirrors: dict[Annotated[str, AfterValidator(_registry)], Annotated[str, AfterValidator(_mirror)]] = Field(
         default_factory=dict,
-        alias="container_runtime_registry_mirrors",
         description="Registry host -> mirror URL pulls go to first (containerd's hosts.toml under "
         "/etc/containerd/certs.d, CRI `config_path`), e.g. `{registry.k8s.io: https://mirror.example:5000}`.",
     )
@@ -163,37 +156,31 @@ class ContainerRuntimeSettings(RoleSettings):
         str, path_rule(("/opt/cni", "/usr/lib/cni", "/usr/libexec/cni"), inclusive=True, example="/opt/cni/bin")
     ] = Field(
         "/opt/cni/bin",
-        alias="container_runtime_cni_bin_dir",
         description="CNI plugin binaries (created root 0755; the Kubernetes network add-on fills it): /opt/cni/..., "
         "or Debian's /usr/lib/cni or /usr/libexec/cni.",
     )
     cni_conf_dir: Annotated[str, path_rule(("/etc/cni",), example="/etc/cni/net.d")] = Field(
         "/etc/cni/net.d",
-        alias="container_runtime_cni_conf_dir",
         description="CNI network configs (created root 0755; the Kubernetes network add-on fills it), inside /etc/cni.",
     )
     kernel_modules: tuple[Annotated[str, AfterValidator(_module)], ...] = Field(
         ("overlay", "br_netfilter"),
-        alias="container_runtime_kernel_modules",
         description="Kernel modules containers and Kubernetes need: loaded now and listed in "
         "/etc/modules-load.d/ironserve-containers.conf.",
     )
     allow_sysctl_keys: tuple[Annotated[str, AfterValidator(check_allowed_sysctl_key)], ...] = Field(
         (),
-        alias="container_runtime_allow_sysctl_keys",
         description="Opt-in: sysctl keys outside the catalog's that container_runtime_sysctls may set (each a "
         "bounded integer, 0 to 2147483647).",
     )
     sysctls: dict[str, str] = Field(
         default_factory=lambda: {"net.ipv4.ip_forward": "1", "net.bridge.bridge-nf-call-iptables": "1"},
-        alias="container_runtime_sysctls",
         description="Pod-networking sysctls: /etc/sysctl.d/91-ironserve-containers.conf, applied live; ASCII "
         "integers in the kernel's bounds, keys from the catalog (the host_tuning README lists them) or "
         "container_runtime_allow_sysctl_keys.",
     )
     swap_off: bool = Field(
         True,
-        alias="container_runtime_swap_off",
         description="The kubelet refuses swap: `swapoff -a` and the swap lines of /etc/fstab commented out.",
     )
 

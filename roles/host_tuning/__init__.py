@@ -9,7 +9,6 @@ running kernel lacks is a reboot need, honoured once at the end of the deploy (i
 from __future__ import annotations
 
 import re
-from importlib.resources import files as package_files
 from typing import TYPE_CHECKING, Any
 
 from pyinfra.api.deploy import deploy
@@ -19,11 +18,12 @@ from pyinfra.operations import files
 
 from ironserve.apt import installed
 from ironserve.facts import ContainerKind
+from ironserve.layout import role_template
 from ironserve.operations import Commands, failing, live_sysctl, service_state
 from ironserve.owned import owned_file, render_template, unmasked
-from ironserve.reads import Read, read, reading_operation
 from ironserve.reboot import RebootCheck, read_on
 from ironserve.run import HostRun
+from ironserve.speed.reads import Read, read, reading_operation
 from ironserve.sysctl_boot import boot_sysctls_win
 from roles.host_tuning.facts import (
     GRUB_DEFAULTS,
@@ -39,7 +39,6 @@ if TYPE_CHECKING:  # the registry imports this package
     from roles import StackConfig
     from roles.host_tuning.settings import HostTuningSettings
 
-TEMPLATES = package_files(__package__) / "templates"
 CGROUP_V2_ARG = "systemd.unified_cgroup_hierarchy=1"
 
 
@@ -122,7 +121,7 @@ def _time_sync(settings: HostTuningSettings, clear_immutable: bool) -> None:
         owned_file(
             name="Configure NTP servers",
             path="/etc/systemd/timesyncd.conf.d/ironserve.conf",
-            content=render_template(str(TEMPLATES / "timesyncd.conf.j2"), settings=settings),
+            content=render_template(role_template("host_tuning", "timesyncd.conf.j2"), settings=settings),
             clear_immutable=clear_immutable,
         )
     unmasked(name="systemd-timesyncd not masked", unit="systemd-timesyncd.service")
@@ -141,7 +140,7 @@ def host_tuning(config: StackConfig, run: HostRun) -> None:
     owned_file(
         name="Persist sysctls",
         path=settings.sysctl_file,
-        content=render_template(str(TEMPLATES / "sysctl.conf.j2"), settings=settings),
+        content=render_template(role_template("host_tuning", "sysctl.conf.j2"), settings=settings),
         clear_immutable=config.clear_immutable,
     )
     boot_sysctls_win(name="Sysctls win at boot", own_file=settings.sysctl_file, sysctls=settings.sysctls)

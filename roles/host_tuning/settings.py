@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
 
-from ironserve.config import RoleSettings
+from ironserve.config import RoleSettings, prefixed
 from ironserve.validators import (
     canonical_sysctls,
     check_allowed_kernel_arg_name,
@@ -38,9 +38,10 @@ def _sysctl_file(value: str) -> str:
 class HostTuningSettings(RoleSettings):
     """Settings of roles/host_tuning."""
 
+    model_config = ConfigDict(alias_generator=prefixed("host_tuning"))
+
     allow_sysctl_keys: tuple[Annotated[str, AfterValidator(check_allowed_sysctl_key)], ...] = Field(
         (),
-        alias="host_tuning_allow_sysctl_keys",
         description="Opt-in: sysctl keys outside the catalog's that host_tuning_sysctls may set, such as "
         "net.core.somaxconn (each a bounded integer, 0 to 2147483647).",
     )
@@ -51,7 +52,6 @@ class HostTuningSettings(RoleSettings):
             "net.ipv4.tcp_slow_start_after_idle": "0",  # keep cwnd on idle keep-alive connections
             "net.ipv4.ip_local_port_range": "32768 60999",  # net-ip-local-port-range: never narrowed
         },
-        alias="host_tuning_sysctls",
         description="Kernel parameters written to host_tuning_sysctl_file and applied live (catalog: network_tuning): "
         "ASCII integers without leading zeros in the kernel's bounds (net.rst: r/wmem_max 4608 to 2147483647, "
         "booleans 0/1, the port range 1024 <= LOW < HIGH <= 65535). Keys: the catalog's (net.core.rmem_max, "
@@ -60,25 +60,21 @@ class HostTuningSettings(RoleSettings):
     )
     sysctl_file: Annotated[str, AfterValidator(_sysctl_file)] = Field(
         "/etc/sysctl.d/90-ironserve.conf",
-        alias="host_tuning_sysctl_file",
         description="The file the sysctls persist in; systemd-sysctl applies it at every boot.",
     )
     allow_kernel_args: tuple[Annotated[str, AfterValidator(check_allowed_kernel_arg_name)], ...] = Field(
         (),
-        alias="host_tuning_allow_kernel_args",
         description="Opt-in: kernel parameter names outside ironserve's list that host_tuning_kernel_args may "
         "carry (any value); single, rescue, init=, mem=, root=, systemd.unit= and the like are never accepted.",
     )
     kernel_args: tuple[Annotated[str, AfterValidator(check_kernel_arg)], ...] = Field(
         (CGROUP_V2_ARG,),
-        alias="host_tuning_kernel_args",
         description="Arguments GRUB_CMDLINE_LINUX must carry (kernel-cgroup-v2: the unified cgroup v2 hierarchy, "
         "always included), from an allow-list: iommu=pt, intel_iommu=on, amd_iommu=on, pci=realloc, "
         "pcie_aspm=off, transparent_hugepage=never|madvise, numa_balancing=disable, ironserve.<marker>=<value>.",
     )
     ntp_servers: tuple[Annotated[str, AfterValidator(check_host)], ...] = Field(
         (),
-        alias="host_tuning_ntp_servers",
         description="NTP servers for systemd-timesyncd (kernel-time-sync), ASCII host names or IP addresses; empty "
         "keeps the distribution's pool.",
     )

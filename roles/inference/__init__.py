@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping
-from importlib.resources import files as package_files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +22,11 @@ from pyinfra.operations import files, systemd
 from ironserve import manifests
 from ironserve.apt import installed
 from ironserve.kubectl import ADMIN_KUBECONFIG, objects_applied
+from ironserve.layout import role_template
 from ironserve.operations import daemon_reloaded, restarted_when_stale
 from ironserve.owned import owned_directory, owned_file, render_template, unmasked
 from ironserve.run import HostRun
 from ironserve.validators import check_environment, systemd_quoted
-from roles.inference.kubernetes import deploy_objects, host_settings, kubernetes_layout, kubernetes_problems
 from roles.inference.operations import (
     api_keys_present,
     locked_environment,
@@ -38,12 +37,12 @@ from roles.inference.operations import (
     serving,
 )
 from roles.inference.render import lock_pins, prometheus_config, service_wheel, service_yaml
+from roles.inference.render_kubernetes import deploy_objects, host_settings, kubernetes_layout, kubernetes_problems
 from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH, ENGINE_UNIT, RUN_DIR, check_deployable
 
 if TYPE_CHECKING:  # the registry imports this package
     from roles import StackConfig
 
-TEMPLATES = package_files(__package__) / "templates"
 LOCK_PATH = "/opt/ironserve/requirements.lock"
 WHEEL_DIR = "/opt/ironserve/wheels"
 TMPFILES = "/etc/tmpfiles.d/ironserve.conf"
@@ -73,7 +72,7 @@ def environment_assignments(env: Mapping[str, str]) -> list[str]:
 
 
 def _unit(template: str, unit: str, name: str, frozen: bool, **context: Any) -> None:
-    content = render_template(str(TEMPLATES / template), **context)
+    content = render_template(role_template("inference", template), **context)
     owned_file(name=name, path=f"{UNIT_DIR}/{unit}", content=content, clear_immutable=frozen)
 
 
@@ -164,7 +163,7 @@ def _configure(config: StackConfig, settings: ServiceSettings) -> None:
         clear_immutable=frozen,
     )
     tmpfiles = render_template(
-        str(TEMPLATES / "tmpfiles.conf.j2"),
+        role_template("inference", "tmpfiles.conf.j2"),
         run_dir=str(RUN_DIR),
         colours=COLOURS,
         account=security.user,

@@ -18,7 +18,7 @@ from pyinfra.facts.files import Directory, File
 
 from ironserve.operations import Commands, failing
 from ironserve.owned import OwnedPath
-from ironserve.reads import Read, read, reading_operation
+from ironserve.speed.reads import Read, read, reading_operation
 from ironserve.validators import SYSTEM_DIRS, check_model_version, check_path
 from roles.inference.facts import ModelStore, ServingStatus, StoreFilesystem, VenvPackages
 from roles.inference.render import environment_drift

@@ -16,9 +16,17 @@ from urllib.parse import urlsplit
 
 from ironserve_service.artifacts import MANIFEST_NAME, RELEASE_NAME, ArtifactError, parse_manifest
 from ironserve_service.settings import ServiceSettings
-from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from ironserve.config import LOCAL_PATH, RoleSettings
+from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
 from ironserve.secrets import credential_paths, credentials_refused
 from ironserve.validators import (
     check_environment,
@@ -126,9 +134,10 @@ def _listen_address(value: str) -> str:
 class InferenceSettings(RoleSettings):
     """Settings of roles/inference."""
 
+    model_config = ConfigDict(alias_generator=prefixed("inference"))
+
     mode: Literal["systemd", "kubernetes"] = Field(
         "systemd",
-        alias="inference_mode",
         description="systemd: the blue/green engines are units on this host behind its Envoy router; kubernetes: "
         "they are Deployments in namespace ai (roles/kubernetes on this host, security_uid and security_gid, the "
         "image in inference_service.kubernetes), rendered from the same service settings and strictly validated at "
@@ -137,21 +146,18 @@ class InferenceSettings(RoleSettings):
 
     pip_index_url: Annotated[str, AfterValidator(_index_url)] | None = Field(
         None,
-        alias="inference_pip_index_url",
         description="PEP 503 index of the site's PyPI/PyTorch mirror (py-pip-official-index; the lab: its "
         "wheelhouse), masked in pyinfra's output. Required.",
     )
     requirements: Path | None = Field(
         None,
-        alias="inference_requirements",
         json_schema_extra=LOCAL_PATH,
         description="Hash-locked requirements on the deploy machine (pip --require-hashes; lab: "
-        "ironserve/lab/files/requirements-cpu.lock): vLLM, torch and the service's dependencies "
+        "lab/src/ironserve_lab/files/requirements-cpu.lock): vLLM, torch and the service's dependencies "
         "(py-deps, py-torch-sha256). Required.",
     )
     listen_address: Annotated[str, AfterValidator(_listen_address)] | None = Field(
         None,
-        alias="inference_listen_address",
         description="The address Envoy's listener binds (port `swap.listen_port`): this host's address on the "
         "serving network, so that the API is never on every interface by accident (0.0.0.0 only when written "
         "so). Clients send `Authorization: Bearer <key>`; keys are made on the host (`ironserve-service api-key "
@@ -159,24 +165,20 @@ class InferenceSettings(RoleSettings):
     )
     python: Annotated[str, AfterValidator(_python)] = Field(
         "/usr/bin/python3",
-        alias="inference_python",
         description="The interpreter the venv is created from: the distribution's own Python (Debian 12: "
         "3.11; Ubuntu 22.04: 3.10), never conda or pyenv.",
     )
     venv: Annotated[str, path_rule(VENV_ROOTS, example="/opt/ironserve/venv")] = Field(
         "/opt/ironserve/venv",
-        alias="inference_venv",
         description="Where the environment lives on the host (vLLM, the ironserve-service package, Envoy's binary): "
         "a directory of its own inside /opt, /srv or /var/lib.",
     )
     model_name: Annotated[str, AfterValidator(_model_name)] = Field(
         "qwen2-7b",
-        alias="inference_model_name",
         description="The model's name in etcd (/models/<name>/active) and in the OpenAI API (served-model-name).",
     )
     model_source: Path | None = Field(
         None,
-        alias="inference_model_source",
         json_schema_extra=LOCAL_PATH,
         description="A sealed model version directory on the deploy machine (`ironserve-service seal DIR`: "
         "MANIFEST.sha256 + release.json, whose version is checked here), uploaded to <models root>/<version>. "
@@ -184,26 +186,22 @@ class InferenceSettings(RoleSettings):
     )
     model_version: Annotated[str, AfterValidator(check_model_version)] | None = Field(
         None,
-        alias="inference_model_version",
         description="The version to serve, YYYYMMDD-HHMMSS (model-version-naming): its directory name on the host "
         "and etcd's active value; the source's release.json must record the same. None: that version.",
     )
     models_root: Annotated[str, path_rule(MODELS_ROOTS, example="/srv/ai/models/qwen2-7b")] | None = Field(
         None,
-        alias="inference_models_root",
         description="Model versions on the host (root:<group> 0750; each version synced with deletion inside it), "
         "inside /srv, /opt, /var/lib, /data or /mnt; None: <security_model_dir>/<inference_model_name>.",
     )
     model_store_nvme: bool = Field(
         True,
-        alias="inference_model_store_nvme",
         description="The models root must sit on local NVMe (io-nvme-model-store): every disk under its filesystem "
         "is non-rotational with NVMe transport; checked before anything is installed. False: any local block "
         "device.",
     )
     model_store_mount: Annotated[str, path_rule(MODELS_ROOTS, inclusive=True, example="/data")] | None = Field(
         None,
-        alias="inference_model_store_mount",
         description="The mount point the models root must be on (e.g. /data on the NVMe drive), so that an "
         "unmounted drive never fills the system disk instead; None: whatever filesystem holds it.",
     )
@@ -211,19 +209,16 @@ class InferenceSettings(RoleSettings):
         0.1,
         ge=0,
         lt=1,
-        alias="inference_model_store_headroom",
         description="Share of the model store's filesystem that stays free after this version and one more of "
         "the same size (the next swap keeps both on disk): below that, the deploy stops before the upload.",
     )
     engine_environment: dict[str, str] = Field(
         default_factory=dict,
-        alias="inference_engine_environment",
         description="`Environment=` of the engine units (lab: VLLM_CPU_KVCACHE_SPACE=1): names [A-Z_][A-Z0-9_]* "
         "(not HOME, PATH, PYTHON*PATH/HOME/STARTUP, LD_*), values of printable characters, written quoted.",
     )
     service: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        alias="inference_service",
         description="Overrides of /etc/ironserve/service.yaml by section (see service/service.example.yaml), "
         "validated by the service's own model; the layout keys (model_dir, engine_python, "
         "models_root, run_dir, router_dir, colour_unit, envoy_binary, model_name) belong to the "
@@ -231,7 +226,6 @@ class InferenceSettings(RoleSettings):
     )
     prometheus: bool = Field(
         True,
-        alias="inference_prometheus",
         description="Install Prometheus with the SLO rules and scrape jobs for the exporter, both colours and Envoy.",
     )
 

@@ -13,8 +13,8 @@ from pyinfra.api.state import State
 from pyinfra.context import host, state
 
 from ironserve.operations import Commands, failing, report
-from ironserve.reads import Read, read, reading_operation
 from ironserve.reboot import read_on
+from ironserve.speed.reads import Read, read, reading_operation
 from roles.kubernetes.checks import cgroup_driver_problem
 from roles.kubernetes.facts import ContainerdConfigInForce, KubeadmNode
 from roles.kubernetes.render import join_configuration

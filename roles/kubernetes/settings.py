@@ -6,10 +6,10 @@ import ipaddress
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from ironserve.config import LOCAL_PATH, RoleSettings
-from ironserve.validators import PackageVersion, check_binary_keyring, check_host
+from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
+from ironserve.validators import BaseUrl, PackageVersion, check_binary_keyring, check_host
 from roles.kubernetes.models import ClusterConfiguration, KubeletConfiguration
 
 # kubeadm.k8s.io/v1beta4, which ironserve renders, is read by kubeadm 1.31 and newer (kubeadm-config.v1beta4).
@@ -50,38 +50,33 @@ def _endpoint(value: str) -> str:
 class KubernetesSettings(RoleSettings):
     """Settings of roles/kubernetes."""
 
+    model_config = ConfigDict(alias_generator=prefixed("kubernetes"))
+
     version: str = Field(
         "1.31.4",
-        alias="kubernetes_version",
         description="k8s-not-k3s: the pinned Kubernetes release, MAJOR.MINOR.PATCH from 1.31 on (kubeadm's v1beta4 "
         "config); kubeadm, kubelet and kubectl are installed at `<version>-<kubernetes_package_revision>`.",
     )
     package_revision: str = Field(
         "1.1",
-        alias="kubernetes_package_revision",
         pattern=r"^[0-9]+(\.[0-9]+)*$",
         description="The Debian revision pkgs.k8s.io gives its packages (kubeadm 1.31.4-1.1).",
     )
     cri_tools_version: PackageVersion = Field(
         "1.31.1-1.1",
-        alias="kubernetes_cri_tools_version",
         description="cri-tools (crictl) at this exact version, from the same repository.",
     )
     cni_version: PackageVersion = Field(
         "1.5.1-1.1",
-        alias="kubernetes_cni_version",
         description="kubernetes-cni (the reference CNI plugins in /opt/cni/bin) at this exact version.",
     )
-    repo_url: str = Field(
+    repo_url: BaseUrl = Field(
         "https://pkgs.k8s.io/core:/stable:",
-        alias="kubernetes_repo_url",
-        pattern=r"^(https?|file)://\S+[^/]$",
         description="Base URL of the Kubernetes package repositories or the site's mirror of them; the role "
         "appends `/v<MAJOR.MINOR>/deb/` (pkgs.k8s.io's one repository per minor release).",
     )
     repo_key: str | None = Field(
         None,
-        alias="kubernetes_repo_key",
         json_schema_extra=LOCAL_PATH,
         min_length=1,
         description="Path on the deploy machine of the repository's signing key as a binary keyring (`gpg "
@@ -90,74 +85,60 @@ class KubernetesSettings(RoleSettings):
     )
     role: Literal["control-plane", "worker"] = Field(
         "control-plane",
-        alias="kubernetes_role",
         description="control-plane: the first one runs `kubeadm init`, others join as control planes; worker: "
         "joins with a token the deploy obtains from the first control plane during the same run.",
     )
     control_plane_endpoint: str | None = Field(
         None,
-        alias="kubernetes_control_plane_endpoint",
         description="A stable HOST or HOST:PORT for the API servers (a load balancer or DNS name); required with "
         "more than one control plane. None: the first control plane's kubernetes_advertise_address.",
     )
     advertise_address: str | None = Field(
         None,
-        alias="kubernetes_advertise_address",
         description="The IP this host's API server advertises (control planes); None: kubeadm's choice, the "
         "default route's address. Workers join it when no endpoint is set.",
     )
-    api_server_port: int = Field(
-        6443, alias="kubernetes_api_server_port", ge=1, le=65535, description="The API server's secure port."
-    )
+    api_server_port: int = Field(6443, ge=1, le=65535, description="The API server's secure port.")
     node_name: str | None = Field(
         None,
-        alias="kubernetes_node_name",
         description="The Node object's name; None: the host's name as kubeadm reads it (the hostname).",
     )
     pod_subnet: str = Field(
         "10.244.0.0/16",
-        alias="kubernetes_pod_subnet",
         description="Pods' addresses (ClusterConfiguration networking.podSubnet), a CIDR of /24 or larger.",
     )
     service_subnet: str = Field(
         "10.96.0.0/12",
-        alias="kubernetes_service_subnet",
         description="Services' cluster IPs (networking.serviceSubnet), a CIDR not overlapping the pod subnet.",
     )
     dns_domain: str = Field(
         "cluster.local",
-        alias="kubernetes_dns_domain",
         pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$",
         description="The cluster's DNS domain (networking.dnsDomain).",
     )
     cluster_name: str = Field(
         "kubernetes",
-        alias="kubernetes_cluster_name",
         pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
         description="The cluster's name (ClusterConfiguration clusterName, and kubeconfigs' cluster entries).",
     )
     image_repository: str = Field(
         "registry.k8s.io",
-        alias="kubernetes_image_repository",
         pattern=r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$",
         description="Where kubeadm pulls the control plane's images (the site's registry mirror).",
     )
     kube_proxy: bool = Field(
         False,
-        alias="kubernetes_kube_proxy",
         description="false: no kube-proxy (skipPhases addon/kube-proxy), the CNI replaces it (cilium "
         "kubeProxyReplacement, cni-cilium-routing-mode); true: kubeadm installs it.",
     )
     kubelet: KubeletConfiguration = Field(
         default_factory=KubeletConfiguration,
-        alias="kubernetes_kubelet",
         json_schema_extra={"default_shown": "`{}`"},
         description="KubeletConfiguration fields (upstream names, e.g. `{maxPods: 64, systemReserved: {cpu: "
         "'2'}}`), unknown ones refused; cgroupDriver and containerRuntimeEndpoint come from container_runtime.",
     )
     cluster: ClusterConfiguration = Field(
         default_factory=ClusterConfiguration,
-        alias="kubernetes_cluster",
         json_schema_extra={"default_shown": "`{}`"},
         description="More ClusterConfiguration fields (e.g. `{apiServer: {certSANs: [...]}}`), unknown ones "
         "refused; those with a kubernetes_* key of their own are set there.",

@@ -48,10 +48,10 @@ from ironserve.owned import (
     unmasked,
 )
 from ironserve.packages import pinned_packages
-from ironserve.reads import Read, read
 from ironserve.reboot import RebootCheck, read_on
 from ironserve.run import HostRun
 from ironserve.secrets import secret_upload
+from ironserve.speed.reads import Read, read
 from roles.nvidia.facts import MODULE_VERSION_COMMAND, LoadedModule, driver_reboot_reason, parse_module_version
 from roles.nvidia.operations import (
     NOUVEAU_BLACKLIST,

@@ -14,7 +14,7 @@ from ironserve.facts import ContainerKind, DpkgPackages
 from ironserve.lock import StackLock
 from ironserve.operations import Commands, failing
 from ironserve.packages import expected_version
-from ironserve.reads import Read, read, reading_operation
+from ironserve.speed.reads import Read, read, reading_operation
 from ironserve.versions import major_minor
 from roles.nvidia.facts import (
     MAIN_MODULE,

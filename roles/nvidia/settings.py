@@ -11,11 +11,11 @@ import urllib.parse
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from ironserve.config import LOCAL_PATH, RoleSettings
+from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
 from ironserve.secrets import credentials_refused, private_file
-from ironserve.validators import SHA256, check_binary_keyring, path_rule
+from ironserve.validators import BaseUrl, Sha256, check_binary_keyring, path_rule
 
 # Where CUDA toolkits live: NVIDIA's packages and runfile install under /usr/local, some sites under /opt.
 CUDA_ROOTS = ("/usr/local", "/opt")
@@ -62,16 +62,15 @@ def machine_matches(machine: str, url: str) -> bool:
 class NvidiaSettings(RoleSettings):
     """Settings of roles/nvidia."""
 
-    repo_url: str | None = Field(
+    model_config = ConfigDict(alias_generator=prefixed("nvidia"))
+
+    repo_url: BaseUrl | None = Field(
         None,
-        alias="nvidia_repo_url",
-        pattern=r"^(https?|file)://\S+[^/]$",
         description="Base URL of NVIDIA's CUDA repositories or the site's mirror; the role appends "
         "`<os>/x86_64/` (flat repository: `deb [signed-by=...] URL/<os>/x86_64/ /`). Required.",
     )
     repo_auth_file: str | None = Field(
         None,
-        alias="nvidia_repo_auth_file",
         json_schema_extra=LOCAL_PATH,
         description="A file on the deploy machine (mode 0600, outside the repository) with the mirror's login in "
         "apt_auth.conf(5) form, `machine HOST login USER password PASS`; installed as "
@@ -80,7 +79,6 @@ class NvidiaSettings(RoleSettings):
     )
     repo_key: str | None = Field(
         None,
-        alias="nvidia_repo_key",
         json_schema_extra=LOCAL_PATH,
         min_length=1,
         description="Path on the deploy machine of the repository's signing key as a binary keyring "
@@ -89,81 +87,65 @@ class NvidiaSettings(RoleSettings):
     )
     pin_priority: int = Field(
         1001,
-        alias="nvidia_pin_priority",
         ge=1001,
         le=32767,
         description="apt pin priority of the locked versions: above 1000 so apt also downgrades to them.",
     )
     cuda_home: Annotated[str, path_rule(CUDA_ROOTS, example="/usr/local/cuda-11.8")] | None = Field(
         None,
-        alias="nvidia_cuda_home",
         description="CUDA_HOME in /etc/profile.d/cuda.sh and /etc/environment, and where /usr/local/cuda "
         "links; None: /usr/local/cuda-<lock's X.Y>.",
     )
     kernel_headers: bool = Field(
         True,
-        alias="nvidia_kernel_headers",
         description="Install linux-headers for the running kernel and every installed kernel lacking the DKMS "
         "module; false where the module comes prebuilt (Ubuntu's linux-modules-nvidia-*) or the image has them.",
     )
     rebuild_initramfs: bool = Field(
         True,
-        alias="nvidia_rebuild_initramfs",
         description="Rebuild the initramfs (update-initramfs -u -k all) when an initrd predates the nouveau blacklist.",
     )
     persistenced: bool = Field(
         True,
-        alias="nvidia_persistenced",
         description="Enable and start nvidia-persistenced (keeps the driver initialised between CUDA processes).",
     )
     container_toolkit: bool = Field(
         True,
-        alias="nvidia_container_toolkit",
         description="Install the profile's container_toolkit packages, pinned and held with the lock; false "
         "leaves them out.",
     )
     dkms: bool = Field(
         True,
-        alias="nvidia_dkms",
         description="Verify the driver module is DKMS-built for every installed kernel and `dkms autoinstall -k` "
         "any that lacks it; false where the module comes prebuilt.",
     )
     cuda_samples_url: str | None = Field(
         None,
-        alias="nvidia_cuda_samples_url",
         pattern=r"^(https?|file)://\S+\.tar\.gz$",
         description="URL of the NVIDIA/cuda-samples tarball of the lock's CUDA line (GitHub's archive of tag "
         "v11.8, or a mirror), unpacked into /opt/cuda-samples-<X.Y> for deviceQuery; None: not "
         "staged.",
     )
-    cuda_samples_sha256: str | None = Field(
+    cuda_samples_sha256: Sha256 | None = Field(
         None,
-        alias="nvidia_cuda_samples_sha256",
-        pattern=SHA256,
         description="SHA-256 of that tarball (64 lowercase hex digits); required with nvidia_cuda_samples_url.",
     )
     driver_method: Literal["apt", "runfile"] = Field(
         "apt",
-        alias="nvidia_driver_method",
         description="apt: the profile's driver packages, pinned and held; runfile: NVIDIA-Linux-x86_64-<driver>.run "
         "with --silent --dkms --no-opengl-files --no-x-check, SHA-256 checked.",
     )
-    runfile_base_url: str = Field(
+    runfile_base_url: BaseUrl = Field(
         "https://us.download.nvidia.com",
-        alias="nvidia_runfile_base_url",
-        pattern=r"^(https?|file)://\S+[^/]$",
         description="Base URL of NVIDIA's driver downloads or a mirror; the role appends "
         "XFree86/Linux-x86_64/<driver>/NVIDIA-Linux-x86_64-<driver>.run.",
     )
-    runfile_sha256: str | None = Field(
+    runfile_sha256: Sha256 | None = Field(
         None,
-        alias="nvidia_runfile_sha256",
-        pattern=SHA256,
         description="SHA-256 of that runfile (64 lowercase hex digits); required with nvidia_driver_method runfile.",
     )
     shim_validation_disabled: Literal["proceed", "refuse"] = Field(
         "proceed",
-        alias="nvidia_shim_validation_disabled",
         description="When Secure Boot is on but shim does not validate (`mokutil --sb-state`: validation is disabled "
         "in shim): proceed (the unsigned module loads; a warning says the kernel is unprotected) or refuse.",
     )

@@ -20,8 +20,8 @@ from pyinfra.api.state import State
 from pyinfra.context import host
 
 from ironserve.operations import Commands
-from ironserve.reads import Read, plan, read
 from ironserve.run import HostRun
+from ironserve.speed.reads import Read, plan, read
 from roles.preflight.checks import HostObservation, PreflightReport, evaluate
 from roles.preflight.facts import CpuSockets, DmiString, IommuFacts, PciDevices, PciNumaNodes, PowerSupplies
 

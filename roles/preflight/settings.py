@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
-from ironserve.config import LOCAL_PATH, RoleSettings
+from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
 from ironserve.validators import relative_or_absolute_path
 from roles.preflight.checks import CHECK_NAMES
 
@@ -28,9 +28,10 @@ def _report_dir(value: str) -> str:
 class PreflightSettings(RoleSettings):
     """Settings of roles/preflight."""
 
+    model_config = ConfigDict(alias_generator=prefixed("preflight"))
+
     overrides: tuple[Annotated[str, AfterValidator(_known_check)], ...] = Field(
         (),
-        alias="preflight_overrides",
         description='Named checks allowed to fail (reported as FAIL*), e.g. ["psu-capacity"]; unknown names '
         "are refused.",
     )
@@ -45,7 +46,6 @@ class PreflightSettings(RoleSettings):
 
     report_dir: Annotated[str, AfterValidator(_report_dir)] = Field(
         "reports/preflight",
-        alias="preflight_report_dir",
         json_schema_extra=LOCAL_PATH,
         description="Folder on the admin machine for the per-host report (<host>.txt for people, <host>.json for "
         "tools): relative or absolute, normalised (no . or .. segments), never a system directory.",

@@ -2,7 +2,7 @@
 the hardening drop-in of every service unit (non-root, CAP_SYS_NICE only, seccomp allow-list) and
 the same seccomp profile as a kubelet Localhost profile.
 
-The drop-in and slice are rendered by roles/security/seccomp.py from files/ai-service.json, so
+The drop-in and slice are rendered by roles/security/render.py from files/ai-service.json, so
 systemd and the container runtime enforce one syscall list.
 """
 
@@ -19,10 +19,10 @@ from pyinfra.operations.util import any_changed
 
 from ironserve.operations import Commands, failing, report
 from ironserve.owned import backed_up, owned_directory, owned_file
-from ironserve.reads import Read, read, reading_operation
 from ironserve.run import HostRun
+from ironserve.speed.reads import Read, read, reading_operation
 from roles.security.facts import AccountShape, ForeignDropins, GroupNumber, PasswordState, SupplementaryGroups
-from roles.security.seccomp import (
+from roles.security.render import (
     DROPIN_NAME,
     SECCOMP_PROFILE,
     read_seccomp_profile,

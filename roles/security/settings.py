@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
-from ironserve.config import RoleSettings
+from ironserve.config import RoleSettings, prefixed
 from ironserve.validators import (
     check_account,
     check_capability,
@@ -59,22 +59,21 @@ SECCOMP_PROFILE_NAME = "ai-service.json"
 class SecuritySettings(RoleSettings):
     """Settings of roles/security."""
 
+    model_config = ConfigDict(alias_generator=prefixed("security"))
+
     user: Annotated[str, AfterValidator(check_account)] = Field(
         "ai-runner",
-        alias="security_user",
         description="sec-ai-runner-user: the system account the service runs as (uid < 1000); its password is locked. "
         "A new name (useradd grammar); the host's own accounts (root, nobody, daemon, sshd, systemd-*, _apt, "
         "Debian's base-passwd names) are refused: the role rewrites the account's shell and home.",
     )
     group: Annotated[str, AfterValidator(check_account)] = Field(
         "ai-runner",
-        alias="security_group",
         description="sec-ai-runner-group: the service's system group; a new name, never one of the host's groups "
         "(sudo, adm, disk, root, ...), which would give the service that group's rights.",
     )
     uid: int | None = Field(
         None,
-        alias="security_uid",
         ge=100,
         le=999,
         description="The account's uid, the same on every node (inference_mode kubernetes needs it: a pod runs as a "
@@ -83,7 +82,6 @@ class SecuritySettings(RoleSettings):
     )
     gid: int | None = Field(
         None,
-        alias="security_gid",
         ge=100,
         le=999,
         description="The group's gid, the same on every node (inference_mode kubernetes: the pods read the model "
@@ -91,62 +89,52 @@ class SecuritySettings(RoleSettings):
     )
     shell: Literal["/bin/false", "/usr/sbin/nologin", "/sbin/nologin"] = Field(
         "/bin/false",
-        alias="security_shell",
         description="sec-ai-runner-user: no login shell (the catalog's /bin/false); the password stays locked.",
     )
     model_dir: Annotated[str, path_rule(MODEL_ROOTS, example="/srv/ai/models")] = Field(
         "/srv/ai/models",
-        alias="security_model_dir",
         description="Model files, root:<group> 0750: the service reads models and cannot change them. Re-owned, so "
         "inside /srv, /opt, /var/lib, /data or /mnt (site data and NVMe mounts), never a system directory.",
     )
     state_dir: Annotated[str, path_rule(STATE_ROOTS, example="/var/lib/ai-service")] = Field(
         "/var/lib/ai-service",
-        alias="security_state_dir",
         description="Service state (caches, compiled kernels), <user>:<group> 0700; also the account's home. Given "
         "to the service, so inside /var/lib (FHS state), /srv, /data or /mnt, never a system directory.",
     )
     log_dir: Annotated[str, path_rule(LOG_ROOTS, example="/var/log/ai-service")] = Field(
         "/var/log/ai-service",
-        alias="security_log_dir",
         description="Service logs, <user>:<group> 0750: a directory of its own inside /var/log (not /var/log "
         "itself, nor journal or apt). The three directories are distinct and none holds another.",
     )
     slice: Annotated[str, AfterValidator(check_slice)] = Field(
         "ai-service.slice",
-        alias="security_slice",
         description="cgroup-ai-service-memory-max: the slice service units run in (a dash is a level: cgroup "
         "/ai.slice/ai-service.slice); never systemd's own (-.slice, system/user/machine and below).",
     )
     memory_max: str = Field(
         "24G",
-        alias="security_memory_max",
         description="cgroup-ai-service-memory-max: the slice's MemoryMax= (systemd syntax, K/M/G/T suffixes "
         "base 1024), from 256M to 64T.",
     )
     cpu_weight: int = Field(
         1000,
-        alias="security_cpu_weight",
         ge=1,
         le=10000,
         description="The slice's CPUWeight= (system.slice has 100): the service wins under contention.",
     )
     device_allow: tuple[Annotated[str, AfterValidator(_nvidia_node)], ...] = Field(
         ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidia1"),
-        alias="security_device_allow",
         description="cgroup-ai-service-devices-deny (correction): DevicePolicy=closed and one "
         "`DeviceAllow=... rw` per node; only the NVIDIA nodes (/dev/nvidiactl, -uvm, -uvm-tools, -modeset, <N>).",
     )
     capabilities: tuple[Annotated[str, AfterValidator(check_capability)], ...] = Field(
         ("CAP_SYS_NICE",),
-        alias="security_capabilities",
         description="sec-cap-sys-nice (correction): AmbientCapabilities= and CapabilityBoundingSet= of the "
         "service, from an allow-list: CAP_SYS_NICE (NUMA binding, thread priority), CAP_IPC_LOCK (pinned host "
         "memory for CUDA/NCCL), CAP_NET_BIND_SERVICE (a listener below 1024).",
     )
     service_units: tuple[Annotated[str, AfterValidator(check_service_unit)], ...] = Field(
         ("ai-service.service", "ai-service@.service"),
-        alias="security_service_units",
         description="Units that get /etc/systemd/system/<unit>.d/10-ironserve-security.conf (user, "
         "capabilities, seccomp filter, slice); ai-service@.service is the blue/green engine "
         "template (every colour). Only the service's family (ai-service[-<name>][@].service): on a system unit "
@@ -154,7 +142,6 @@ class SecuritySettings(RoleSettings):
     )
     kubelet_seccomp_dir: Annotated[str, path_rule(example="/var/lib/kubelet/seccomp/profiles")] = Field(
         "/var/lib/kubelet/seccomp/profiles",
-        alias="security_kubelet_seccomp_dir",
         description="sec-seccomp-profile: where ai-service.json goes for the kubelet (localhostProfile: "
         "profiles/ai-service.json); an absolute, normalised path, not a system directory.",
     )

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import kubernetes_control_plane, manager, state
-from ironserve.lab.hardware import DEFAULT_PROFILE
-from ironserve.lab.kubernetes_control_plane import ControlPlane
-from ironserve.lab.state import LabHost
+from ironserve_lab import kubernetes_control_plane, manager, state
+from ironserve_lab.hardware import DEFAULT_PROFILE
+from ironserve_lab.kubernetes_control_plane import ControlPlane
+from ironserve_lab.state import LabHost
 from tests.lab.conftest_vm import vm_host
 from tests.lab.machine_snapshot import differences, snapshot
 
@@ -56,7 +56,7 @@ def inventory_with(folder: Path, host: LabHost, keys: dict[str, object]) -> Path
     path.write_text(
         textwrap.dedent(f"""
         from ironserve.inventory import site
-        from ironserve.lab.inventory import lab_groups
+        from ironserve_lab.inventory import lab_groups
 
         _containers, _ = lab_groups()
         lab_containers = site([(n, {{**d, **{keys!r}}}) for n, d in _containers if n == {host.name!r}])

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from ironserve.lab import manager, state, vm
-from ironserve.lab.hardware import DEFAULT_PROFILE
-from ironserve.lab.state import LabHost
+from ironserve_lab import manager, state, vm
+from ironserve_lab.hardware import DEFAULT_PROFILE
+from ironserve_lab.state import LabHost
 
 
 def require_vm() -> None:

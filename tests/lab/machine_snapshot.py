@@ -19,7 +19,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ironserve.lab.network import BRIDGE, NFT_TABLE
+from ironserve_lab.network import BRIDGE, NFT_TABLE
 
 DEVICE_NODES = ["null", "zero", "full", "random", "urandom", "tty", "console", "ptmx", "pts/ptmx"]
 SYSCTL_TREES = ["vm", "fs"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from ironserve.lab import remote
-from ironserve.lab.state import LabHost
+from ironserve_lab import remote
+from ironserve_lab.state import LabHost
 
 
 def ssh_run(host: LabHost, command: str, timeout: float = 120) -> tuple[int, str, str]:

@@ -4,7 +4,7 @@ fixture), from its container host made a control plane's host (the real kubectl 
 
 - the real `ironserve deploy --roles cluster_addons` applies the built-in kinds it renders (CoreDNS's ConfigMap,
   the RuntimeClass, the device plugin's DaemonSet) with kubectl on the host, and a second run changes nothing;
-- the real `ironserve verify` passes the role's cluster checks there (tests/acceptance/test_cluster_addons.py),
+- the real `ironserve verify` passes the role's cluster checks there (ironserve/acceptance/test_cluster_addons.py),
   fails them on a Corefile changed by hand, and passes again after the next deploy put it back;
 - the deploy applies the Cloudflare token's Secret from its environment, by digest: the token in no output and
   no file left on the host, nothing written again, a rotated token applied once, an unset variable said;
@@ -29,17 +29,17 @@ import pytest
 from ironserve.config import build_config
 from ironserve.helm import HELM, VERSION_QUERY
 from ironserve.kubectl import ADMIN_KUBECONFIG
-from ironserve.lab import charts, kubernetes_control_plane, remote
-from ironserve.lab.deploying import DeployResult, deploy, verify
-from ironserve.lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane
-from ironserve.lab.state import LabHost
+from ironserve_lab import charts, kubernetes_control_plane, remote
+from ironserve_lab.deploying import DeployResult, deploy, verify
+from ironserve_lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane
+from ironserve_lab.state import LabHost
 from roles import REGISTRY, StackConfig
 from roles.cluster_addons import render
 from tests.lab.conftest import ClusterHost, inventory_with
 from tests.unit.test_cluster_addons_render import SITE, TOKEN
 
 pytestmark = pytest.mark.lab
-# The lab's inventory names its own Helm tarball and chart mirror (ironserve/lab/charts.py).
+# The lab's inventory names its own Helm tarball and chart mirror (lab/src/ironserve_lab/charts.py).
 LAB_SITE = {key: value for key, value in SITE.items() if key != "cluster_addons_helm_sha256"}
 CONFIG: StackConfig = build_config("r740-01", SITE, REGISTRY)
 RELEASES = render.helm_releases(CONFIG, render.trust_anchors_pem(CONFIG.cluster_addons))
@@ -163,7 +163,7 @@ def test_the_deploy_installs_the_pinned_helm_and_every_release_at_its_pin(site: 
 
 
 def test_each_chart_was_given_the_rendered_values(site: Site) -> None:
-    """The stand-in charts keep the values they were given in a ConfigMap (ironserve/lab/charts.py)."""
+    """The stand-in charts keep the values they were given in a ConfigMap (lab/src/ironserve_lab/charts.py)."""
     for release in RELEASES:
         stored = site.plane.request(
             "GET", f"/api/v1/namespaces/{release.namespace}/configmaps/lab-standin-{release.name}-values"
@@ -260,7 +260,7 @@ def test_a_corefile_changed_by_hand_fails_the_gate_until_the_next_deploy(site: S
         "test_the_corefile_in_force_is_the_rendered_one",
         "test_the_corefile_in_force_caches_for_30_seconds",
     ):
-        assert f"FAILED tests/acceptance/test_cluster_addons.py::{name}" in failed.stdout, failed.stdout
+        assert f"FAILED ironserve/acceptance/test_cluster_addons.py::{name}" in failed.stdout, failed.stdout
     assert "test_the_corefile_in_force_reloads_itself" not in failed.stdout  # its fact still holds
     fixed = deploy_with_token(site.host, site.inventory, TOKEN)
     assert (fixed.returncode, fixed.changed) == (0, 1), fixed.output

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.deploying import deploy
-from ironserve.lab.state import LabHost
+from ironserve_lab import remote
+from ironserve_lab.deploying import deploy
+from ironserve_lab.state import LabHost
 from roles import stack_config
-from roles.container_runtime.containerd import ContainerdConfigError, check_config, render_config
+from roles.container_runtime.render import ContainerdConfigError, check_config, render_config
 from tests.lab.conftest import lab_containers
 
 # Only the two roles under test: their own convergence and zero-change re-run.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.deploying import deploy
-from ironserve.lab.state import LabHost
+from ironserve_lab import remote
+from ironserve_lab.deploying import deploy
+from ironserve_lab.state import LabHost
 
 # Only the two roles under test: their own convergence and zero-change re-run.
 SECURITY_RUNTIME = ("security", "container_runtime")

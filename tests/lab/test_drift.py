@@ -7,7 +7,7 @@ hosts, each drift checked restored on the host itself (not by the gate), the nex
 gate passes. A path's content, mode and owner are compared with a copy taken before the drift.
 
 Cost: one two-host lab (about 10 s), a first deploy (about 40 s), then about 2 minutes per round.
-Simulated at the edge only: the NVIDIA packages come from the lab's signed mirror of stand-ins (ironserve/lab).
+Simulated at the edge only: the NVIDIA packages come from the lab's signed mirror of stand-ins (lab/src/ironserve_lab).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.deploying import HOST_ROLES, DeployResult, deploy, verify
-from ironserve.lab.state import LabHost
 from ironserve.owned import CLEAR_IMMUTABLE_KEY
-from ironserve.paths import lab_dir
+from ironserve_lab import remote
+from ironserve_lab.deploying import HOST_ROLES, DeployResult, deploy, verify
+from ironserve_lab.paths import lab_dir
+from ironserve_lab.state import LabHost
 from roles import stack_config
 from roles.nvidia import KEYRING, NOUVEAU_BLACKLIST, PREFERENCES, SOURCES_LIST, UNATTENDED_BLACKLIST
-from roles.security.seccomp import DROPIN_NAME
+from roles.security.render import DROPIN_NAME
 from tests.lab.conftest import inventory_with, lab_containers
 from tests.lab.ssh import ssh_run
 
@@ -442,7 +442,7 @@ def test_no_deploy_printed_a_traceback(hosts: list[LabHost]) -> None:
 
 def test_a_no_op_run_reads_each_host_in_two_round_trips(hosts: list[LabHost]) -> None:
     """The facts the operations read come in one command while the deploy is queued (hardware, distribution) and
-    one when it runs (everything else, ironserve.reads), not one command per fact (102 before)."""
+    one when it runs (everything else, ironserve.speed.reads), not one command per fact (102 before)."""
     run = deploy(hosts, roles=HOST_ROLES, pyinfra_args=("--debug",))
     assert run.changed == 0, run.output[-8000:]
     for host in hosts:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.deploying import deploy
-from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
+from ironserve_lab import remote
+from ironserve_lab.deploying import deploy
+from ironserve_lab.state import LabHost
 
 pytestmark = pytest.mark.lab
 # The role under test alone: its own convergence, zero-change re-run and gate (deploy.py runs them all).
@@ -57,7 +57,7 @@ def _inventory(tmp_path: Path, host: LabHost, extra: str) -> str:
     path = tmp_path / "bad_inventory.py"
     path.write_text(
         textwrap.dedent(f"""
-        from ironserve.lab.inventory import lab_groups
+        from ironserve_lab.inventory import lab_groups
 
         lab_containers, _ = lab_groups()
         lab_containers = [(name, {{**data, {extra}}}) for name, data in lab_containers if name == {host.name!r}]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.deploying import deploy, verify
-from ironserve.lab.state import LabHost
+from ironserve_lab import remote
+from ironserve_lab.deploying import deploy, verify
+from ironserve_lab.state import LabHost
 
 pytestmark = pytest.mark.vm
 # Only host_tuning: under software emulation every other role's packages cost minutes.
@@ -109,7 +109,7 @@ def test_defer_policy_leaves_a_marker_and_does_not_reboot(
     inventory = tmp_path / "defer.py"
     inventory.write_text(
         textwrap.dedent(f"""
-        from ironserve.lab.inventory import lab_groups
+        from ironserve_lab.inventory import lab_groups
 
         _, lab_vms = lab_groups()
         lab_vms = [

@@ -3,7 +3,7 @@ re-run without changes, drift put back, and a version change deployed as a hot s
 
 Simulated at the edge: the host has no GPU, so the engine is vLLM's CPU build (files/inference/
 requirements-cpu.lock, served by the lab's pip index) and the model a tiny Qwen2-architecture one with
-random weights (ironserve/lab/inference.py). Everything else is the real thing: Debian's etcd and
+random weights (lab/src/ironserve_lab/inference.py). Everything else is the real thing: Debian's etcd and
 Prometheus, Envoy, systemd units as ai-runner in the service slice under the seccomp filter.
 """
 
@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.demo import api_key, chat_completion, listener_url
-from ironserve.lab.deploying import DeployResult, deploy, verify
-from ironserve.lab.inference import ENGINE_ENVIRONMENT, model_versions
-from ironserve.lab.state import LabHost
 from ironserve.validators import release_version
+from ironserve_lab import remote
+from ironserve_lab.demo import api_key, chat_completion, listener_url
+from ironserve_lab.deploying import DeployResult, deploy, verify
+from ironserve_lab.inference import ENGINE_ENVIRONMENT, model_versions
+from ironserve_lab.state import LabHost
 from roles import stack_config
 from roles.inference.settings import CONFIG_PATH
 from tests.lab.conftest import lab_containers
@@ -35,7 +35,7 @@ ROLES = ("security", "inference")
 pytestmark = pytest.mark.lab
 SETTINGS = stack_config("lab", {}).inference
 V2_INVENTORY = """\
-from ironserve.lab.inventory import lab_groups
+from ironserve_lab.inventory import lab_groups
 
 lab_containers, lab_vms = lab_groups()
 for _, data in lab_containers:
@@ -43,7 +43,7 @@ for _, data in lab_containers:
 """
 # The other lab version, with the drained colour kept running (the lab's own overrides kept).
 KEEP_WARM_INVENTORY = """\
-from ironserve.lab.inventory import lab_groups
+from ironserve_lab.inventory import lab_groups
 
 lab_containers, lab_vms = lab_groups()
 for _, data in lab_containers:
@@ -116,7 +116,7 @@ def test_the_demos_last_step_prints_a_served_completion_and_no_key(served: LabHo
     """`make demo`'s last step as scripts/demo.sh runs it: a 200 with the colour and usage, and the key it read
     from the host nowhere in what it prints."""
     demo = subprocess.run(
-        [sys.executable, "-m", "ironserve.lab.demo", served.name], capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "ironserve_lab.demo", served.name], capture_output=True, text=True, timeout=180
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     lines = demo.stdout.splitlines()

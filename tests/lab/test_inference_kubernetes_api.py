@@ -36,11 +36,11 @@ from ironserve_service.settings import ServiceSettings
 
 from ironserve import manifests
 from ironserve.kubectl import KubectlDiff, ObjectsDiff, ServedKinds, kinds_of, objects_applied
-from ironserve.lab import kubernetes_control_plane
-from ironserve.lab.deploying import verify
-from ironserve.lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane, service_account_user, wait_for
+from ironserve_lab import kubernetes_control_plane
+from ironserve_lab.deploying import verify
+from ironserve_lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane, service_account_user, wait_for
 from roles import stack_config
-from roles.inference.kubernetes import deploy_objects, host_settings
+from roles.inference.render_kubernetes import deploy_objects, host_settings
 from tests.lab.conftest import ClusterHost, inventory_with
 from tests.unit.operation_harness import FakeHost, fact_key, run_operation
 from tests.unit.test_inference_kubernetes import KUBERNETES_MODE

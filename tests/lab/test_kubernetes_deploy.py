@@ -1,5 +1,5 @@
 """roles/kubernetes on two real lab container hosts (a control plane and a worker), against the lab's signed
-pkgs.k8s.io-layout mirror of stand-in packages (ironserve/lab/standin_kubernetes.py) that also offers newer
+pkgs.k8s.io-layout mirror of stand-in packages (lab/src/ironserve_lab/standin_kubernetes.py) that also offers newer
 decoys: the pins win, `kubeadm init` runs once on the control plane, the worker joins with a token the deploy
 obtained from it in the same run, drift is restored, the next run changes nothing and the gate passes.
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.deploying import deploy, verify
-from ironserve.lab.state import LabHost
+from ironserve_lab import remote
+from ironserve_lab.deploying import deploy, verify
+from ironserve_lab.state import LabHost
 from roles.kubernetes.settings import KubernetesSettings
 from tests.lab.conftest import lab_containers
 
@@ -28,7 +28,7 @@ PINS = KubernetesSettings.model_validate({}).packages()
 DECOY = "1.32.0-1.1"
 INVENTORY = """\
 from ironserve.inventory import site
-from ironserve.lab.inventory import lab_groups
+from ironserve_lab.inventory import lab_groups
 
 _containers, _ = lab_groups()
 _mine = [entry for entry in _containers if entry[0] in {names!r}]

@@ -2,7 +2,7 @@
 
 The VM gets host_tuning (cgroup v2, one reboot), security (the seccomp profile in the kubelet's directory) and
 container_runtime (containerd with SystemdCgroup = true) as a site would; then the kubelet, configured with
-roles/kubernetes's rendered KubeletConfiguration, joins the control plane (ironserve/lab/kubernetes_node.py).
+roles/kubernetes's rendered KubeletConfiguration, joins the control plane (lab/src/ironserve_lab/kubernetes_node.py).
 What only a real node shows: it becomes Ready on cgroup v2, a pod confined by ironserve's seccomp profile
 (Localhost) gets EPERM from a syscall the profile refuses while the runtime's default profile lets it through,
 pods land under the systemd slice kubepods.slice, pods reach each other and the node over the CNI bridge, and
@@ -59,18 +59,18 @@ from ironserve_service.kube_swap import kube_swap
 from ironserve_service.settings import Colour, ServiceSettings
 from ironserve_service.swap import SwapResult
 
-from ironserve.lab import kubernetes_control_plane, kubernetes_node, manager, remote, servers, state
-from ironserve.lab.deploying import deploy
-from ironserve.lab.hardware import DEFAULT_PROFILE, read_hardware_profile
-from ironserve.lab.inference import model_versions
-from ironserve.lab.kubernetes_control_plane import ControlPlane, service_account_user, wait_for
-from ironserve.lab.state import LabHost
+from ironserve_lab import kubernetes_control_plane, kubernetes_node, manager, remote, servers, state
+from ironserve_lab.deploying import deploy
+from ironserve_lab.hardware import DEFAULT_PROFILE, read_hardware_profile
+from ironserve_lab.inference import model_versions
+from ironserve_lab.kubernetes_control_plane import ControlPlane, service_account_user, wait_for
+from ironserve_lab.state import LabHost
 from roles import StackConfig, stack_config
 from roles.cluster_addons.render import RUNTIME_CLASS, device_plugin_manifests
-from roles.inference.kubernetes import deploy_objects, host_settings
+from roles.inference.render_kubernetes import deploy_objects, host_settings
 from roles.kubernetes.render import kubelet_configuration_yaml
 from roles.kubernetes.settings import KubernetesSettings
-from roles.security.seccomp import SECCOMP_PROFILE
+from roles.security.render import SECCOMP_PROFILE
 from roles.security.settings import SecuritySettings
 from tests.lab.conftest_vm import require_vm
 from tests.lab.machine_snapshot import Snapshot, differences, snapshot

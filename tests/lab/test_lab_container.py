@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from ironserve.lab import container, remote, state
-from ironserve.lab.deploying import HOST_ROLES, deploy
-from ironserve.lab.state import LabHost
+from ironserve_lab import container, remote, state
+from ironserve_lab.deploying import HOST_ROLES, deploy
+from ironserve_lab.state import LabHost
 from tests.lab.conftest import lab_containers, skip_without_container_lab
 from tests.lab.machine_snapshot import differences, snapshot
 from tests.lab.ssh import ssh_run

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from ironserve.lab import kubernetes_node, manager, state
-from ironserve.lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane, service_account_user, wait_for
-from ironserve.lab.state import LabHost
+from ironserve_lab import kubernetes_node, manager, state
+from ironserve_lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane, service_account_user, wait_for
+from ironserve_lab.state import LabHost
 
 pytestmark = pytest.mark.lab
 NAMESPACE = "kapi-harness"

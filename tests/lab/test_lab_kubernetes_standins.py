@@ -5,7 +5,7 @@ Outputs compared with real captures: `apt-cache madison kubeadm` of pkgs.k8s.io 
 https://pkgs.k8s.io/core:/stable:/v1.31/deb  Packages`), and kubelet 1.31 on Debian 12 before `kubeadm init`
 (`systemctl status kubelet`: `Drop-In: /usr/lib/systemd/system/kubelet.service.d`, journal: `run.go:72] "command
 failed" err="failed to load kubelet config file, path: /var/lib/kubelet/config.yaml, ...`), both cited in
-ironserve/lab/standin_kubernetes.py.
+lab/src/ironserve_lab/standin_kubernetes.py.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import aptrepo
-from ironserve.lab.state import LabHost
+from ironserve_lab import aptrepo
+from ironserve_lab.state import LabHost
 from tests.lab.ssh import ssh_run
 
 pytestmark = pytest.mark.lab

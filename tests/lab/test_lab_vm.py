@@ -11,8 +11,8 @@ import uuid
 import pytest
 import yaml
 
-from ironserve.lab import remote, vm
-from ironserve.lab.state import LabHost
+from ironserve_lab import remote, vm
+from ironserve_lab.state import LabHost
 
 pytestmark = pytest.mark.vm
 

@@ -1,4 +1,4 @@
-"""A lab container host installs from the lab pip index (ironserve/lab/wheelhouse.py) with --require-hashes.
+"""A lab container host installs from the lab pip index (lab/src/ironserve_lab/wheelhouse.py) with --require-hashes.
 
 The host gets the index at attach, like the apt mirror; it creates a venv with Debian 12's python3.11 and
 installs a few of the engine lock's pins (PyYAML, pydantic and what pydantic imports) from it, with the
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from ironserve.lab import inventory, remote, wheelhouse
-from ironserve.lab.state import LabHost
+from ironserve_lab import inventory, remote, wheelhouse
+from ironserve_lab.state import LabHost
 from tests.lab.conftest import lab_containers
 
 pytestmark = pytest.mark.lab

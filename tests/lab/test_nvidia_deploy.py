@@ -1,4 +1,4 @@
-"""roles/nvidia against a real lab container host and the lab's signed NVIDIA mirror (ironserve/lab/aptrepo.py).
+"""roles/nvidia against a real lab container host and the lab's signed NVIDIA mirror (lab/src/ironserve_lab/aptrepo.py).
 
 The mirror offers the pinned set AND newer decoys (driver 535, cuda-toolkit-12-2, libcudnn8 8.9.7 for
 CUDA 12.2, TensorRT for CUDA 12.0): the host must converge to exactly the lock, come back to it after
@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 from ironserve.aptindex import Index, exact_closure
-from ironserve.lab import aptrepo, remote
-from ironserve.lab.deploying import deploy, verify
-from ironserve.lab.state import LabHost
 from ironserve.packages import pinned_packages
 from ironserve.paths import REPO_ROOT
+from ironserve_lab import aptrepo, remote
+from ironserve_lab.deploying import deploy, verify
+from ironserve_lab.state import LabHost
 from roles import stack_config
 from tests.lab.conftest import lab_containers
 
@@ -49,7 +49,7 @@ def _inventory(tmp_path: Path, host: LabHost, **extra: object) -> str:
     inventory = tmp_path / f"{host.name}-{len(list(tmp_path.iterdir()))}.py"
     inventory.write_text(
         textwrap.dedent(f"""
-        from ironserve.lab.inventory import lab_groups
+        from ironserve_lab.inventory import lab_groups
 
         lab_containers, _ = lab_groups()
         lab_containers = [(name, {{**data, **{extra!r}}}) for name, data in lab_containers if name == {host.name!r}]
@@ -167,7 +167,7 @@ def test_mismatched_lock_is_refused_before_the_host_is_touched(converged: LabHos
         inventory = tmp_path / "mismatched.py"
         inventory.write_text(
             textwrap.dedent(f"""
-            from ironserve.lab.inventory import lab_groups
+            from ironserve_lab.inventory import lab_groups
 
             lab_containers, _ = lab_groups()
             lab_containers = [

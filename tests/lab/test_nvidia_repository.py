@@ -2,7 +2,7 @@
 version the repository never published, or pins a meta-package without its exact-version siblings, must stop the
 host before any package moves, as it would against NVIDIA's real repository).
 
-The lab mirror serves, beside its debian11 directory, variants of it under `variants/<name>/` (ironserve/lab/
+The lab mirror serves, beside its debian11 directory, variants of it under `variants/<name>/` (lab/src/ironserve_lab/
 aptrepo.py, VARIANTS): the same signed index less one package version. A site whose mirror lacks a version looks
 exactly like this to the host's apt. The host's OS check is tried by rewriting the host's /etc/os-release.
 """
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.deploying import deploy
-from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
 from ironserve.profiles import read_profile
 from ironserve.repocheck import check_repository
+from ironserve_lab import remote
+from ironserve_lab.deploying import deploy
+from ironserve_lab.state import LabHost
 from tests.lab.conftest import lab_containers
 
 pytestmark = pytest.mark.lab
@@ -43,7 +43,7 @@ def _inventory(tmp_path: Path, host: LabHost, variant: str) -> str:
     inventory = tmp_path / f"{variant}.py"
     inventory.write_text(
         textwrap.dedent(f"""
-        from ironserve.lab.inventory import lab_groups
+        from ironserve_lab.inventory import lab_groups
 
         lab_containers, _ = lab_groups()
         lab_containers = [

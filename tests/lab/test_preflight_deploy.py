@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from ironserve.lab import container, edge, manager, remote, state
-from ironserve.lab.deploying import HOST_ROLES, DeployResult, deploy
-from ironserve.lab.inventory import lab_groups
-from ironserve.lab.state import LabHost
-from ironserve.paths import lab_dir
+from ironserve_lab import container, edge, manager, remote, state
+from ironserve_lab.deploying import HOST_ROLES, DeployResult, deploy
+from ironserve_lab.inventory import lab_groups
+from ironserve_lab.paths import lab_dir
+from ironserve_lab.state import LabHost
 
 pytestmark = pytest.mark.lab
 SENTINEL = "s3ntinel-PASSWORD-lab-5e1f"

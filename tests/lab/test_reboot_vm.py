@@ -2,7 +2,7 @@
 
 One deploy of the nvidia and host_tuning roles with `ironserve_reboot_policy: auto` meets two reboot needs at
 once: `host_tuning_kernel_args` carries a probe argument the running kernel lacks, and the loaded nvidia module
-is older than the installed driver. The module is the lab's simulated one (ironserve/lab/standin_module.py): the
+is older than the installed driver. The module is the lab's simulated one (lab/src/ironserve_lab/standin_module.py): the
 test "loads" 515.86.01 now, as if the host had booted an older driver; at every boot a unit ordered before
 sysinit.target loads the installed driver's version, as a real host does. The deploy must reboot exactly once
 (one more boot in `journalctl --list-boots`, a new boot id), say both reasons, and leave the running kernel with
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import remote, standin_module
-from ironserve.lab.deploying import DeployResult, deploy
-from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
+from ironserve_lab import remote, standin_module
+from ironserve_lab.deploying import DeployResult, deploy
+from ironserve_lab.state import LabHost
 from roles.nvidia.facts import MODULE_VERSION_COMMAND, parse_module_version
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm]
@@ -57,7 +57,7 @@ def _inventory(directory: Path, host: LabHost, name: str, **extra: object) -> st
     inventory = directory / f"{name}.py"
     inventory.write_text(
         textwrap.dedent(f"""
-        from ironserve.lab.inventory import lab_groups
+        from ironserve_lab.inventory import lab_groups
 
         _, lab_vms = lab_groups()
         lab_vms = [(name, {{**data, **{extra!r}}}) for name, data in lab_vms if name == {host.name!r}]

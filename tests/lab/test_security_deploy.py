@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.deploying import deploy
-from ironserve.lab.state import LabHost
+from ironserve_lab import remote
+from ironserve_lab.deploying import deploy
+from ironserve_lab.state import LabHost
 from roles import stack_config
-from roles.security.seccomp import DROPIN_NAME, dropin_properties, slice_cgroup, systemd_run_command
+from roles.security.render import DROPIN_NAME, dropin_properties, slice_cgroup, systemd_run_command
 from tests.lab.conftest import lab_containers
 from tests.lab.ssh import ssh_run
 

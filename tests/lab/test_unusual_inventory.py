@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import remote
-from ironserve.lab.deploying import deploy
-from ironserve.lab.state import LabHost
 from ironserve.paths import REPO_ROOT
+from ironserve_lab import remote
+from ironserve_lab.deploying import deploy
+from ironserve_lab.state import LabHost
 from tests.lab.conftest import inventory_with, lab_containers
 
 pytestmark = pytest.mark.lab

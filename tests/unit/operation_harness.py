@@ -25,9 +25,9 @@ from pyinfra.api.config import Config
 from pyinfra.api.facts import FactBase
 from pyinfra.context import ctx_host, ctx_state
 
-from ironserve import reads
 from ironserve.lock import StackLock
-from ironserve.reads import freeze
+from ironserve.speed import reads
+from ironserve.speed.reads import freeze
 from roles.kubernetes.settings import KubernetesSettings
 
 # A command as a test compares it: the shell text, a `function:<name>` marker, or a dict for what a string
@@ -194,7 +194,7 @@ def collect(operation: Callable[..., Any], host: FakeHost, state: FakeState | No
 
 
 def declared_reads(operation: Callable[..., Any], **kwargs: Any) -> set[FactKey] | None:
-    """The facts `operation(**kwargs)` declares it reads when queued (ironserve.reads), or None if it declares
+    """The facts `operation(**kwargs)` declares it reads when queued (ironserve.speed.reads), or None if it declares
     none (an operation that reads no fact)."""
     plan = getattr(operation, "reads", None)
     if plan is None:

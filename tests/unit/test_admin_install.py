@@ -134,7 +134,7 @@ def test_importing_the_cli_and_roles_loads_neither_the_lab_nor_pytest(install: I
     result = install.python(
         "import json, sys, roles, ironserve.cli\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {'pytest', '_pytest', 'testinfra'}"
-        " or m.startswith('ironserve.lab'))))"
+        " or m.startswith('ironserve_lab'))))"
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
@@ -156,7 +156,7 @@ def test_deploy_file_gate_and_service_sources_are_found_from_the_install(install
     assert service == str(install.checkout / "service")
     assert Path(gate).is_relative_to(install.venv)
     shipped = sorted(p.name for p in Path(gate).glob("test_*.py"))
-    assert shipped == sorted(p.name for p in (install.checkout / "tests" / "acceptance").glob("test_*.py"))
+    assert shipped == sorted(p.name for p in (install.checkout / "ironserve" / "acceptance").glob("test_*.py"))
     assert {name.removeprefix("test_").removesuffix(".py") for name in shipped} <= {r.name for r in REGISTRY.roles}
     # The gate collects from the install, its `invariant` marker registered by ironserve's pytest plugin.
     collected = install.run("python", "-P", "-m", "pytest", "--collect-only", "-q", "--strict-markers", gate)

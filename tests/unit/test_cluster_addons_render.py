@@ -18,7 +18,7 @@ from ironserve.config import ConfigError, build_config, validate_host
 from ironserve.docs import BEGIN, END, key_table
 from ironserve.manifests import dump_all
 from roles import REGISTRY, StackConfig
-from roles.cluster_addons import corefile, crd_schemas, render
+from roles.cluster_addons import models_crd, render, render_corefile
 from roles.cluster_addons.models import values_problems
 from roles.cluster_addons.settings import ClusterAddonsSettings
 
@@ -46,10 +46,10 @@ def config(**changes: Any) -> StackConfig:
 
 @pytest.fixture(scope="module")
 def schemas() -> Path:
-    root = crd_schemas.cache_dir()
+    root = models_crd.cache_dir()
     try:
-        crd_schemas.load_schemas(root)
-    except crd_schemas.SchemasMissing as exc:
+        models_crd.load_schemas(root)
+    except models_crd.SchemasMissing as exc:
         pytest.fail(f"{exc} (the custom resources cannot be validated without them)")
     return root
 
@@ -59,7 +59,7 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def custom_problems(obj: dict[str, Any], root: Path) -> list[str]:
-    check = crd_schemas.custom_validators(render.CUSTOM_KINDS, root)[(obj["apiVersion"], obj["kind"])]
+    check = models_crd.custom_validators(render.CUSTOM_KINDS, root)[(obj["apiVersion"], obj["kind"])]
     return check(obj)
 
 
@@ -122,30 +122,30 @@ def test_corefile_is_kubeadms_with_the_forward_targets_changed() -> None:
     text = render.coredns_configmap(site)["data"]["Corefile"]
     assert "    forward . 9.9.9.9 {\n       max_concurrent 1000\n    }\n" in text
     assert "    kubernetes cluster.lab in-addr.arpa ip6.arpa {\n       pods insecure\n" in text
-    assert text == corefile.KUBEADM_COREFILE.format(domain="cluster.lab", forward="9.9.9.9")
-    assert corefile.problems(text, "cluster.lab", ["9.9.9.9"]) == []
+    assert text == render_corefile.KUBEADM_COREFILE.format(domain="cluster.lab", forward="9.9.9.9")
+    assert render_corefile.problems(text, "cluster.lab", ["9.9.9.9"]) == []
 
 
 @pytest.mark.invariant("dns-corefile-server-block", "dns-corefile-cache", "dns-corefile-reload", "dns-corefile-forward")
 def test_corefile_checker_finds_what_the_catalog_needs() -> None:
     seed = ".:53 {\n    forward . 1.1.1.1 8.8.8.8\n    cache 30\n    reload\n}\n"  # dns-corefile-server-block
-    assert corefile.problems(seed, "cluster.local", ["1.1.1.1", "8.8.8.8"]) == [
+    assert render_corefile.problems(seed, "cluster.local", ["1.1.1.1", "8.8.8.8"]) == [
         "Corefile: no `kubernetes cluster.local ...` plugin: Service names would not resolve"
     ]
-    good = corefile.corefile("cluster.local", ["1.1.1.1", "8.8.8.8"])
-    assert corefile.problems(good.replace("    reload\n", ""), "cluster.local", ["1.1.1.1", "8.8.8.8"]) == [
+    good = render_corefile.corefile("cluster.local", ["1.1.1.1", "8.8.8.8"])
+    assert render_corefile.problems(good.replace("    reload\n", ""), "cluster.local", ["1.1.1.1", "8.8.8.8"]) == [
         "Corefile: no `reload` (dns-corefile-reload)"
     ]
-    assert corefile.problems(good.replace("cache 30", "cache 300"), "cluster.local", ["1.1.1.1", "8.8.8.8"]) == [
+    assert render_corefile.problems(good.replace("cache 30", "cache 300"), "cluster.local", ["1.1.1.1", "8.8.8.8"]) == [
         "Corefile: no `cache 30` (dns-corefile-cache)"
     ]
-    assert corefile.problems(good, "cluster.local", ["8.8.8.8"]) == [
+    assert render_corefile.problems(good, "cluster.local", ["8.8.8.8"]) == [
         "Corefile: no `forward . 8.8.8.8` (dns-corefile-forward)"
     ]
-    assert corefile.problems(good + "}\n", "cluster.local", []) == [
+    assert render_corefile.problems(good + "}\n", "cluster.local", []) == [
         "Corefile: line 21: a closing brace without an opening one"
     ]
-    blocks = corefile.parse(good)
+    blocks = render_corefile.parse(good)
     kubernetes_plugin = next(d for d in blocks[0].block if d.name == "kubernetes")
     assert [d.name for d in kubernetes_plugin.block] == ["pods", "fallthrough", "ttl"]
 
@@ -343,9 +343,9 @@ def test_absent_schemas_stop_the_inventory_check(monkeypatch: pytest.MonkeyPatch
 
 
 def test_schemas_of_another_lock_are_refused(tmp_path: Path) -> None:
-    (tmp_path / crd_schemas.SCHEMAS_FILE).write_text(json.dumps({"lock": "0" * 64, "$defs": {}, "kinds": {}}))
-    with pytest.raises(crd_schemas.SchemasMissing, match=r"built from another crd-schemas\.lock"):
-        crd_schemas.load_schemas(tmp_path)
+    (tmp_path / models_crd.SCHEMAS_FILE).write_text(json.dumps({"lock": "0" * 64, "$defs": {}, "kinds": {}}))
+    with pytest.raises(models_crd.SchemasMissing, match=r"built from another crd-schemas\.lock"):
+        models_crd.load_schemas(tmp_path)
 
 
 def test_missing_keys_are_named_together() -> None:
@@ -364,7 +364,7 @@ def test_a_trust_anchor_with_its_key_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_lock_pins_every_package_with_a_sha256() -> None:
-    pins = crd_schemas.read_lock()
+    pins = models_crd.read_lock()
     assert {p.package for p in pins} == {
         "@kubernetes-models/apimachinery",
         "@kubernetes-models/cert-manager",
@@ -407,7 +407,7 @@ def test_declarations_become_closed_schemas(tmp_path: Path) -> None:
             '  "port": IPortNumber;\n}\n',
         },
     )
-    converter = crd_schemas.Converter({"@kubernetes-models/base-types": base, "@kubernetes-models/widgets": widgets})
+    converter = models_crd.Converter({"@kubernetes-models/base-types": base, "@kubernetes-models/widgets": widgets})
     kinds = converter.kinds()
     schema = {"$defs": converter.defs, **kinds["example.io/v1/Widget"]}
     import jsonschema

@@ -9,7 +9,20 @@ import pytest
 from ironserve_service.artifacts import seal_model_dir
 from pydantic import Field, field_validator
 
-from ironserve.config import ConfigError, Registry, Role, RoleSettings, StackBase, pyinfra_keys, validate_host
+from ironserve.config import (
+    ConfigError,
+    Registry,
+    Role,
+    RoleSettings,
+    StackBase,
+    accepted_keys,
+    local_path_keys,
+    pyinfra_keys,
+    role_keys,
+    stack_keys,
+    validate_host,
+)
+from ironserve.validators import BASE_URL, SHA256
 from roles import REGISTRY, stack_config
 
 
@@ -163,6 +176,109 @@ def test_every_mistake_is_a_message(data: dict[object, object], expected: list[s
         assert words in message
     for words in never:
         assert words not in message
+
+
+# --- the inventory keys are the public API (issue 32, item 6) ----------------------------------------------
+# Every key each role accepts, written out as the settings models declared them one alias at a time before
+# the aliases came from one prefix per role: how a model derives its keys may change, the keys may not.
+PINNED_ROLE_KEYS = {
+    "bios": """
+        bios_apply_timeout_s bios_ca_file bios_credentials_file bios_mode bios_reboot_policy bios_redfish_address
+        bios_tls_fingerprint
+    """,
+    "preflight": """
+        preflight_overrides preflight_report_dir
+    """,
+    "nvidia": """
+        nvidia_container_toolkit nvidia_cuda_home nvidia_cuda_samples_sha256 nvidia_cuda_samples_url nvidia_dkms
+        nvidia_driver_method nvidia_kernel_headers nvidia_persistenced nvidia_pin_priority nvidia_rebuild_initramfs
+        nvidia_repo_auth_file nvidia_repo_key nvidia_repo_url nvidia_runfile_base_url nvidia_runfile_sha256
+        nvidia_shim_validation_disabled
+    """,
+    "host_tuning": """
+        host_tuning_allow_kernel_args host_tuning_allow_sysctl_keys host_tuning_kernel_args host_tuning_ntp_servers
+        host_tuning_sysctl_file host_tuning_sysctls
+    """,
+    "security": """
+        security_capabilities security_cpu_weight security_device_allow security_gid security_group
+        security_kubelet_seccomp_dir security_log_dir security_memory_max security_model_dir security_service_units
+        security_shell security_slice security_state_dir security_uid security_user
+    """,
+    "container_runtime": """
+        container_runtime_allow_sysctl_keys container_runtime_cni_bin_dir container_runtime_cni_conf_dir
+        container_runtime_default_runtime container_runtime_devmapper_base_image_size
+        container_runtime_devmapper_pool_name container_runtime_devmapper_root_path container_runtime_kernel_modules
+        container_runtime_nvidia_binary container_runtime_packages container_runtime_registry_mirrors
+        container_runtime_sandbox_image container_runtime_snapshotter container_runtime_swap_off
+        container_runtime_sysctls
+    """,
+    "kubernetes": """
+        kubernetes_advertise_address kubernetes_api_server_port kubernetes_cluster kubernetes_cluster_name
+        kubernetes_cni_version kubernetes_control_plane_endpoint kubernetes_cri_tools_version kubernetes_dns_domain
+        kubernetes_image_repository kubernetes_kube_proxy kubernetes_kubelet kubernetes_node_name
+        kubernetes_package_revision kubernetes_pod_subnet kubernetes_repo_key kubernetes_repo_url kubernetes_role
+        kubernetes_service_subnet kubernetes_version
+    """,
+    "cluster_addons": """
+        cluster_addons_acme_email cluster_addons_acme_server cluster_addons_cert_manager_chart_repo
+        cluster_addons_cert_manager_version cluster_addons_cilium_chart_repo
+        cluster_addons_cilium_native_routing_cidr cluster_addons_cilium_pod_cidr_mask_size
+        cluster_addons_cilium_routing_mode cluster_addons_cilium_tunnel_protocol cluster_addons_cilium_version
+        cluster_addons_cloudflare_api_token cluster_addons_cloudflare_token_env cluster_addons_coredns_forward
+        cluster_addons_device_plugin_image cluster_addons_device_plugin_version cluster_addons_dns_zones
+        cluster_addons_envoy_gateway_chart_repo cluster_addons_envoy_gateway_version cluster_addons_grpc_web_backend
+        cluster_addons_helm_base_url cluster_addons_helm_sha256 cluster_addons_helm_version
+        cluster_addons_linkerd_chart_repo cluster_addons_linkerd_chart_version cluster_addons_linkerd_trust_anchor
+        cluster_addons_stream_idle_timeout_s cluster_addons_tls_dns_names
+    """,
+    "inference": """
+        inference_engine_environment inference_listen_address inference_mode inference_model_name
+        inference_model_source inference_model_store_headroom inference_model_store_mount inference_model_store_nvme
+        inference_model_version inference_models_root inference_pip_index_url inference_prometheus inference_python
+        inference_requirements inference_service inference_venv
+    """,
+}
+PINNED_STACK_KEYS = """
+    ironserve_clear_immutable ironserve_lock ironserve_os ironserve_profile ironserve_reboot_policy
+    ironserve_reboot_timeout_s ironserve_roles
+"""
+PINNED_LOCAL_PATH_KEYS = """
+    bios_ca_file bios_credentials_file cluster_addons_linkerd_trust_anchor inference_model_source
+    inference_requirements kubernetes_repo_key nvidia_repo_auth_file nvidia_repo_key preflight_report_dir
+"""
+
+
+def test_every_inventory_key_stays_as_it_was() -> None:
+    assert {role.name: sorted(role_keys(role)) for role in REGISTRY.roles} == {
+        name: sorted(keys.split()) for name, keys in PINNED_ROLE_KEYS.items()
+    }
+    assert sorted(stack_keys(REGISTRY)) == sorted(PINNED_STACK_KEYS.split())
+    pinned = {key for keys in PINNED_ROLE_KEYS.values() for key in keys.split()} | set(PINNED_STACK_KEYS.split())
+    assert accepted_keys(REGISTRY) - pyinfra_keys() == pinned
+    assert sorted(local_path_keys(REGISTRY)) == sorted(PINNED_LOCAL_PATH_KEYS.split())
+    for role in REGISTRY.roles:  # each key is read into the field it names, and written back under it
+        for name, field in role.settings.model_fields.items():
+            assert field.validation_alias == field.serialization_alias == f"{role.name}_{name}", name
+
+
+def _keys_ending(*suffixes: str) -> list[str]:
+    return sorted(key for role in REGISTRY.roles for key in role_keys(role) if key.endswith(suffixes))
+
+
+@pytest.mark.parametrize("key", _keys_ending("_sha256"))
+def test_every_sha256_key_takes_the_shared_rule(key: str) -> None:
+    assert stack_config("h1", {key: "0123456789abcdef" * 4}) is not None
+    with pytest.raises(ConfigError) as error:
+        stack_config("h1", {key: "0123456789ABCDEF" * 4})
+    assert f"host h1: {key}: String should match pattern '{SHA256}'" in str(error.value)
+
+
+@pytest.mark.parametrize("key", _keys_ending("_base_url", "_repo_url"))
+def test_every_base_url_key_takes_the_shared_rule(key: str) -> None:
+    assert stack_config("h1", {key: "file:///srv/mirror"}) is not None
+    with pytest.raises(ConfigError) as error:
+        stack_config("h1", {key: "https://mirror.example/"})
+    assert f"host h1: {key}: String should match pattern '{BASE_URL}'" in str(error.value)
 
 
 class DemoSettings(RoleSettings):

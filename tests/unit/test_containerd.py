@@ -8,9 +8,9 @@ import pytest
 from test_fact_data import real_sample
 
 from ironserve.config import ConfigError
-from ironserve.lab.aptrepo import CONTAINER_TOOLKIT_CONFIG
+from ironserve_lab.aptrepo import CONTAINER_TOOLKIT_CONFIG
 from roles import stack_config
-from roles.container_runtime.containerd import (
+from roles.container_runtime.render import (
     DEVMAPPER,
     ContainerdConfigError,
     check_config,

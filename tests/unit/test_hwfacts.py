@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from test_fact_data import real_sample
 
-from ironserve.lab import hardware, standins
+from ironserve_lab import hardware, standins
 from roles.preflight.facts import (
     IommuFacts,
     NvidiaTopology,

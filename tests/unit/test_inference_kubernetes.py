@@ -21,9 +21,9 @@ from ironserve_service.kube_objects import (
 
 from ironserve import manifests
 from ironserve.config import ConfigError
-from ironserve.lab.inference import model_versions
+from ironserve_lab.inference import model_versions
 from roles import check_deployable, stack_config
-from roles.inference.kubernetes import host_settings, kubernetes_problems, pod_policy_problems, service_objects
+from roles.inference.render_kubernetes import host_settings, kubernetes_problems, pod_policy_problems, service_objects
 
 IMAGE = "registry.example.org/ironserve/engine@sha256:" + "ab" * 32
 PODS = {"image": IMAGE}

@@ -11,7 +11,7 @@ import pytest
 from ironserve_service.slo import render_rules
 
 from ironserve.config import ConfigError
-from ironserve.lab.inference import REQUIREMENTS, model_versions
+from ironserve_lab.inference import REQUIREMENTS, model_versions
 from roles import check_deployable, stack_config
 from roles.inference import inference_deployable
 from roles.inference.render import canonical, environment_drift, lock_pins, prometheus_config

@@ -19,6 +19,7 @@ import pytest
 from ironserve_service.artifacts import seal_model_dir
 
 from ironserve.config import ConfigError
+from ironserve.layout import role_template
 from roles import check_deployable, stack_config
 
 CGROUP = "systemd.unified_cgroup_hierarchy=1"
@@ -628,7 +629,7 @@ def test_unusual_but_legitimate_values_are_accepted(deployable: dict[str, Any]) 
 
 # --- nothing reaches a shell or a unit file unquoted ------------------------------------------------------------------
 
-ENGINE_TEMPLATE = Path(__file__).resolve().parents[2] / "roles" / "inference" / "templates" / "engine.service.j2"
+ENGINE_TEMPLATE = role_template("inference", "engine.service.j2")
 
 
 def _engine_unit(environment: dict[str, str]) -> str:

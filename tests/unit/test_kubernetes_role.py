@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from ironserve.config import ConfigError
 from ironserve.inventory import InventoryHost, validate_inventory
 from roles import REGISTRY, check_deployable, stack_config
-from roles.container_runtime.containerd import render_config
+from roles.container_runtime.render import render_config
 from roles.kubernetes import models, repository_url, sources_line
 from roles.kubernetes.checks import cgroup_driver_problem
 from roles.kubernetes.operations import JOIN_DIR, JOIN_FILE, _join

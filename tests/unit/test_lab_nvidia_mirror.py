@@ -1,4 +1,4 @@
-"""The lab NVIDIA mirror (ironserve/lab/aptrepo.py, ironserve/lab/files/nvidia-repository.yaml) against real metadata.
+"""The lab NVIDIA mirror (ironserve_lab/aptrepo.py and its files/nvidia-repository.yaml) against real metadata.
 
 Its package names, versions and relations follow captured apt output and control fields (../shared/samples/realworld/
 apt, tests/data/realworld/apt), so apt's own resolver fails in the lab where it fails against NVIDIA's repository: a
@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ironserve.lab import aptrepo
-from ironserve.lab.aptrepo import StandinPackage, format_relations, parse_relations, placeholders
 from ironserve.paths import REPO_ROOT
+from ironserve_lab import aptrepo
+from ironserve_lab.aptrepo import StandinPackage, format_relations, parse_relations, placeholders
 
 CHECKOUT_APT = REPO_ROOT / "tests" / "data" / "realworld" / "apt"
 DEBIAN_CAPTURE = CHECKOUT_APT / "debian12-non-free-nvidia-graphics-drivers-535.261.03-packages.txt"
 DEBIAN_CAPTURED = "535.261.03-1"
-MIRROR_README = REPO_ROOT / "ironserve" / "lab" / "NVIDIA-MIRROR.md"
+MIRROR_README = Path(aptrepo.__file__).with_name("NVIDIA-MIRROR.md")
 NEVER_RELEASED = "525.85.02"
 TRT = "8.6.1.6"
 TRT_SUFFIXES = ("+cuda11.8", "+cuda12.0")

@@ -15,9 +15,9 @@ from ironserve.apt import preferences, unattended_blacklist
 from ironserve.aptindex import upstream
 from ironserve.config import ConfigError
 from ironserve.facts import parse_dpkg_query, parse_os_release
-from ironserve.lab import aptrepo
 from ironserve.packages import distro_key, package_violations, pinned_packages
 from ironserve.profiles import read_profile
+from ironserve_lab import aptrepo
 from roles import stack_config
 from roles.nvidia import sources_line
 from roles.nvidia.facts import (
@@ -269,7 +269,7 @@ def test_mirror_offers_the_pinned_set_and_newer_decoys() -> None:
 
 def _smi(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     hardware = tmp_path / "hardware.json"
-    from ironserve.lab.hardware import read_hardware_profile
+    from ironserve_lab.hardware import read_hardware_profile
 
     hardware.write_text(read_hardware_profile().model_dump_json())
     source = SMI.read_text().replace("/etc/ironserve-lab/hardware.json", str(hardware))

@@ -125,7 +125,7 @@ FOLLOWS_EARLIER_READS = {
 
 def assert_declared(operation: Callable[..., Any], host: FakeHost, kwargs: dict[str, Any]) -> None:
     """Every fact an operation reads to find nothing to do was declared when it was queued, so a no-op deploy
-    fetches it with the host's others in one command (ironserve.reads); a change may read more."""
+    fetches it with the host's others in one command (ironserve.speed.reads); a change may read more."""
     declared = declared_reads(operation, **kwargs)
     following = FOLLOWS_EARLIER_READS.get(f"{operation.__module__}.{operation.__name__}", set())
     undeclared = [

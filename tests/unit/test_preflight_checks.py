@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import hardware, standins
 from ironserve.profiles import read_profile
 from ironserve.run import BmcObservation
+from ironserve_lab import hardware, standins
 from roles import stack_config
 from roles.preflight.checks import CHECK_NAMES, HostObservation, PreflightReport, evaluate
 from roles.preflight.facts import (

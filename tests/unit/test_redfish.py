@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from cryptography import x509
+from requests.adapters import BaseAdapter
 from test_fact_data import real_sample
 
-from ironserve.lab import hardware, redfish_emulator
 from ironserve.profiles import read_profile
-from roles.bios import redfish
-from roles.bios.redfish import Credentials, RedfishClient, RedfishError, apply, load_credentials, read_state
+from ironserve_lab import hardware, redfish_emulator
+from roles.bios import client as bios_client
+from roles.bios.client import Credentials, RedfishClient, RedfishError, apply, load_credentials, read_state
 
 SENTINEL = "s3ntinel-PASSWORD-9f2c"
 DESIRED = {
@@ -87,8 +89,8 @@ def test_apply_patches_schedules_job_resets_and_proves(emulator: Emulator) -> No
     assert result.reset == "GracefulRestart"
     assert result.proven and result.stuck == {}
     sent = [(m, p) for m, p in client.requests if m != "GET"]
-    assert sent == [("PATCH", redfish.BIOS_SETTINGS), ("POST", redfish.JOBS), ("POST", redfish.RESET)]
-    job = client.get(f"{redfish.JOBS}/{result.job}")
+    assert sent == [("PATCH", bios_client.BIOS_SETTINGS), ("POST", bios_client.JOBS), ("POST", bios_client.RESET)]
+    job = client.get(f"{bios_client.JOBS}/{result.job}")
     assert job["JobState"] == "Completed"
     again = emulator.client()
     assert apply(again, DESIRED, reboot=True).patched == {}
@@ -105,7 +107,7 @@ def test_apply_without_reboot_leaves_settings_pending(emulator: Emulator) -> Non
     client = emulator.client()
     second = apply(client, DESIRED, reboot=False)
     assert second.patched == {} and second.job == "already scheduled"
-    assert ("PATCH", redfish.BIOS_SETTINGS) not in client.requests
+    assert ("PATCH", bios_client.BIOS_SETTINGS) not in client.requests
 
 
 @pytest.mark.parametrize("emulator", ["r740-a10x4-sriov-stuck"], indirect=True)
@@ -114,13 +116,13 @@ def test_setting_stuck_pending_is_not_a_success(emulator: Emulator) -> None:
     assert result.reset is not None
     assert result.stuck == {"SriovGlobalEnable": "Disabled"}
     assert not result.proven and result.remaining == {"SriovGlobalEnable": "Disabled"}
-    assert emulator.client().get(f"{redfish.JOBS}/{result.job}")["JobState"] == "CompletedWithErrors"
+    assert emulator.client().get(f"{bios_client.JOBS}/{result.job}")["JobState"] == "CompletedWithErrors"
 
 
 def test_unknown_attribute_is_a_redfish_error(emulator: Emulator) -> None:
     client = emulator.client()
     with pytest.raises(RedfishError, match="The property NoSuchKnob is not in the list of valid properties"):
-        client.request("PATCH", redfish.BIOS_SETTINGS, {"Attributes": {"NoSuchKnob": "On"}})
+        client.request("PATCH", bios_client.BIOS_SETTINGS, {"Attributes": {"NoSuchKnob": "On"}})
     with pytest.raises(RedfishError, match="this BIOS has no attribute NoSuchKnob"):
         apply(client, {"NoSuchKnob": "On"}, reboot=False)
 
@@ -140,8 +142,8 @@ def test_sentinel_password_never_appears(
     attempts = (
         lambda: read_state(emulator.client("wrong")),
         lambda: client.get("/redfish/v1/Nope"),
-        lambda: emulator.client(fingerprint="00" * 32).get(redfish.SYSTEM),  # pinned to another certificate
-        lambda: emulator.client(ca_file=str(other_cert)).get(redfish.SYSTEM),  # signed by no CA it trusts
+        lambda: emulator.client(fingerprint="00" * 32).get(bios_client.SYSTEM),  # pinned to another certificate
+        lambda: emulator.client(ca_file=str(other_cert)).get(bios_client.SYSTEM),  # signed by no CA it trusts
         lambda: RedfishClient(f"https://root:{SENTINEL}@127.0.0.1", Credentials("root", SENTINEL)),
         lambda: load_credentials(SENTINEL, {}),  # the password typed where the file's path belongs
     )
@@ -157,7 +159,7 @@ def test_sentinel_password_never_appears(
 
 
 def test_credentials_from_environment_and_file(tmp_path: Path) -> None:
-    env = {redfish.ENV_USER: "root", redfish.ENV_PASSWORD: SENTINEL}
+    env = {bios_client.ENV_USER: "root", bios_client.ENV_PASSWORD: SENTINEL}
     assert load_credentials(None, env) == Credentials("root", SENTINEL)
     assert SENTINEL not in repr(load_credentials(None, env))
     path = tmp_path / "idrac"
@@ -167,7 +169,7 @@ def test_credentials_from_environment_and_file(tmp_path: Path) -> None:
     with pytest.raises(RedfishError, match="no iDRAC credentials: set IRONSERVE_REDFISH_USER"):
         load_credentials(None, {})
     with pytest.raises(RedfishError, match="inside the repository"):
-        load_credentials(str(Path(redfish.__file__)), {})
+        load_credentials(str(Path(bios_client.__file__)), {})
     path.chmod(0o640)
     with pytest.raises(RedfishError, match=r"has mode 0640, readable or writable by group or others: `chmod 600"):
         load_credentials(str(path), {})
@@ -189,15 +191,15 @@ def test_an_untrusted_certificate_is_refused_before_any_request(
     with pytest.raises(
         RedfishError, match=r"is not trusted \(.*self.signed.*\); trust its certificate with bios_ca_file"
     ):
-        emulator.client(ca_file=None, fingerprint=None).get(redfish.SYSTEM)  # the system's CAs do not know it
+        emulator.client(ca_file=None, fingerprint=None).get(bios_client.SYSTEM)  # the system's CAs do not know it
     other_cert, _ = redfish_emulator.certificate(tmp_path / "other")
     with pytest.raises(RedfishError, match="is not trusted"):
-        emulator.client(ca_file=str(other_cert)).get(redfish.SYSTEM)
+        emulator.client(ca_file=str(other_cert)).get(bios_client.SYSTEM)
     with pytest.raises(RedfishError, match=r"presented a certificate with SHA-256 fingerprint [0-9A-F:]{95}, not the"):
-        emulator.client(fingerprint="ab" * 32).get(redfish.SYSTEM)
+        emulator.client(fingerprint="ab" * 32).get(bios_client.SYSTEM)
     # Both must hold: the right CA does not excuse a wrong pin.
     with pytest.raises(RedfishError, match="not the pinned bios_tls_fingerprint; nothing was sent"):
-        emulator.client(ca_file=str(emulator.cert), fingerprint="ab" * 32).get(redfish.SYSTEM)
+        emulator.client(ca_file=str(emulator.cert), fingerprint="ab" * 32).get(bios_client.SYSTEM)
     assert "redfish: GET" not in capfd.readouterr().err  # the emulator never saw a request
 
 
@@ -207,10 +209,42 @@ def test_the_certificate_must_name_the_address(tmp_path: Path) -> None:
     emu = Emulator("r740-a10x4", tmp_path, tls=(cert_path, key_path))
     try:
         with pytest.raises(RedfishError, match=r"is not trusted .*mismatch"):
-            emu.client(ca_file=str(cert_path)).get(redfish.SYSTEM)
+            emu.client(ca_file=str(cert_path)).get(bios_client.SYSTEM)
         assert read_state(emu.client(fingerprint=emu.fingerprint)).model == "PowerEdge R740"
     finally:
         emu.close()
+
+
+def test_the_environment_steers_no_connection(emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """requests would take a proxy and a CA bundle from the environment: the client takes neither."""
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # nothing listens there: a proxy taken would fail
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(emulator.cert))  # would make the system-CA client trust it
+    monkeypatch.setenv("CURL_CA_BUNDLE", str(emulator.cert))
+    assert read_state(emulator.client(fingerprint=emulator.fingerprint)).model == "PowerEdge R740"
+    with pytest.raises(RedfishError, match="is not trusted"):
+        emulator.client(ca_file=None, fingerprint=None).get(bios_client.SYSTEM)
+
+
+def test_nothing_is_sent_to_another_address_nor_after_a_redirect(
+    emulator: Emulator, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The credentials go to the iDRAC's base URL only: not to a link elsewhere (here another name of the same
+    emulator), not where a redirect points."""
+    elsewhere = emulator.url.replace("127.0.0.1", "localhost") + bios_client.SYSTEM
+    with pytest.raises(RedfishError, match="No connection adapters"):
+        emulator.client().get(elsewhere)
+    assert "redfish: GET" not in capfd.readouterr().err
+
+    class Redirecting(RecordedIdrac):
+        def _transport(self) -> BaseAdapter:
+            return Redirect(self)
+
+    client = Redirecting({})
+    with pytest.raises(RedfishError, match="HTTP 302"):
+        read_state(client)
+    assert client.requests == [("GET", "/redfish/v1/")]  # the redirect was not followed
 
 
 @pytest.mark.parametrize(
@@ -238,28 +272,64 @@ def test_the_client_refuses_an_address_it_would_not_trust(address: str, words: s
     "address", ["https://10.0.0.21", "https://idrac-r740-01.example.internal/", "https://[fd00::21]:8443"]
 )
 def test_ascii_names_and_ip_literals_are_accepted(address: str) -> None:
-    host, port = redfish.https_address(address)
+    host, port = bios_client.https_address(address)
     assert host in address and port in {443, 8443}
 
 
 # --- real iDRAC responses (../shared/samples/realworld/redfish) ----------------------------------------------------
 
 
+# The capture holds no service root, which sushy reads first: a stand-in, as an iDRAC 9 answers it.
+SERVICE_ROOT = {
+    "@odata.id": "/redfish/v1",
+    "Id": "RootService",
+    "Name": "Root Service",
+    "RedfishVersion": "1.11.0",
+    "Systems": {"@odata.id": "/redfish/v1/Systems"},
+}
+
+
 class RecordedIdrac(RedfishClient):
-    """Answers GET from recorded iDRAC bodies, PATCH with an empty 200 and other requests with a recorded error."""
+    """The client, sushy included, on recorded iDRAC bodies: GET answers the recorded body (404 when none),
+    PATCH an empty 200, other requests the recorded error with HTTP 400; nothing leaves the process."""
 
     def __init__(self, bodies: dict[str, dict[str, Any]], error: dict[str, Any] | None = None) -> None:
         super().__init__("https://idrac.invalid", Credentials("root", SENTINEL))
-        self.bodies, self.error = bodies, error
+        self.bodies = {"/redfish/v1": SERVICE_ROOT, **bodies}
+        self.error = error
 
-    def request(self, method: str, path: str, body: Any = None) -> redfish.Response:
-        self.requests.append((method, path))
-        if method == "GET" and path in self.bodies:
-            return redfish.Response(200, {}, self.bodies[path])
-        if method == "PATCH":
-            return redfish.Response(200, {}, {})
-        message = redfish._redfish_message(self.error) if self.error else "not recorded"
-        raise RedfishError(f"{method} {path}: HTTP 400: {message}")
+    def _transport(self) -> BaseAdapter:
+        return Recorded(self)
+
+
+class Recorded(BaseAdapter):
+    def __init__(self, idrac: RecordedIdrac) -> None:
+        super().__init__()
+        self.idrac = idrac
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        path = str(request.path_url).split("?")[0].rstrip("/")
+        if request.method == "GET":
+            found = self.idrac.bodies.get(path)
+            status, body = (200, found) if found is not None else (404, {"error": {"message": "not recorded"}})
+        elif request.method == "PATCH":
+            status, body = 200, None
+        else:
+            status, body = 400, self.idrac.error or {"error": {"message": "not recorded"}}
+        response = requests.Response()
+        response.status_code, response.url, response.request = status, str(request.url), request
+        response._content = json.dumps(body).encode() if body is not None else b""
+        return response
+
+    def close(self) -> None:
+        pass
+
+
+class Redirect(Recorded):
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        response = super().send(request, **kwargs)
+        response.status_code, response.headers["Location"] = 302, "https://elsewhere.example/redfish/v1/"
+        return response
 
 
 def recorded_bodies(name: str) -> dict[str, dict[str, Any]]:
@@ -296,7 +366,7 @@ def test_applying_the_profile_to_a_real_r650_that_has_it_sends_nothing() -> None
 
 def test_job_id_from_the_task_location_idrac_returns() -> None:
     task = recorded_json("redfish/sushy-oem-idrac-task-jid-scheduled.json.txt")
-    assert redfish._job_id(task["@odata.id"]) == "JID_257309938313"
+    assert bios_client._job_id(task["@odata.id"]) == "JID_257309938313"
     assert task["Oem"]["Dell"]["JobState"] == "Scheduled"
 
 
@@ -304,7 +374,7 @@ def test_a_reboot_job_in_the_queue_is_never_polled() -> None:
     queue = recorded_json("redfish/sushy-oem-idrac-jobs-running-reboot.json.txt")
     (job,) = queue["Members"]
     client = RecordedIdrac({job["@odata.id"]: job})
-    assert job["JobState"] == "Running" and not redfish._job_finished(client, job["Id"])
+    assert job["JobState"] == "Running" and not bios_client._job_finished(client, job["Id"])
     assert client.requests == []  # RID_ jobs are iDRAC's reboots, not the BIOS job apply() waits for
 
 
@@ -318,7 +388,7 @@ def test_pending_changes_error_is_raised_with_idracs_message() -> None:
 def test_another_running_job_is_not_taken_for_the_bios_job() -> None:
     bodies = recorded_bodies("redfish/r650-idrac510-iserver.txt")
     error = recorded_json("redfish/sushy-oem-idrac-error-rac0679-running.json.txt")
-    assert "A job operation is already running" in redfish._redfish_message(error)
+    assert "A job operation is already running" in bios_client._redfish_message(error)
     client = RecordedIdrac(bodies, error)
     with pytest.raises(RedfishError, match="already running"):
         apply(client, {"SriovGlobalEnable": "Enabled"}, reboot=False)

@@ -22,9 +22,9 @@ from pyinfra.operations import files
 from ironserve import secrets
 from ironserve.config import ConfigError
 from ironserve.kubectl import ADMIN_KUBECONFIG, SecretKeyDigest, SecretKeyState, secret_applied
-from ironserve.lab.inference import REQUIREMENTS, model_versions
 from ironserve.paths import REPO_ROOT
 from ironserve.secrets import private_file, redact, redact_text, redact_value, secret_upload, userinfo_problem
+from ironserve_lab.inference import REQUIREMENTS, model_versions
 from roles import check_deployable, stack_config
 from roles.cluster_addons.render import cloudflare_token_secret
 from roles.nvidia import SOURCES_LIST, sources_line

@@ -11,7 +11,7 @@ from ironserve.config import ConfigError
 from roles import stack_config
 from roles.container_runtime.facts import KernelModules, SwapState
 from roles.security.facts import PasswordState
-from roles.security.seccomp import (
+from roles.security.render import (
     FORBIDDEN_SYSCALLS,
     SECCOMP_PROFILE,
     dropin_properties,

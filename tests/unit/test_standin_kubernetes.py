@@ -1,6 +1,6 @@
 """The lab's Kubernetes repository (pkgs.k8s.io's layout) and its stand-in programs, run in a folder as their root.
 
-Real outputs these are held to (the strings in ironserve/lab/standin_kubernetes.py cite them):
+Real outputs these are held to (the strings in lab/src/ironserve_lab/standin_kubernetes.py cite them):
 - `kubeadm version` of v1.31.4 and `apt-cache madison kubeadm` of pkgs.k8s.io's v1.31 repository: a captured
   kubeadm 1.31.0 -> 1.31.4 upgrade session (found by code search), also `kubelet --version` -> Kubernetes v1.31.4.
 - kubelet 1.31 before `kubeadm init` on Debian 12 (journal): `E0117 16:14:53.701110   17651 run.go:72] "command
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ironserve.lab import aptrepo, inventory, state
-from ironserve.lab import standin_kubernetes as standin
+from ironserve_lab import aptrepo, inventory, state
+from ironserve_lab import standin_kubernetes as standin
 
 STANDIN = Path(standin.__file__)
 INIT_CONFIG = """\

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import vm, vmimage
+from ironserve_lab import vm, vmimage
 
 
 def test_missing_qemu_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The lab pip index (ironserve/lab/wheelhouse.py) and the engine lock it serves (files/inference/)."""
+"""The lab pip index (lab/src/ironserve_lab/wheelhouse.py) and the engine lock it serves (files/inference/)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.lab import wheelhouse
 from ironserve.paths import REPO_ROOT
+from ironserve_lab import wheelhouse
 
 
 def _wheel(directory: Path, name: str, version: str) -> tuple[Path, str]:
