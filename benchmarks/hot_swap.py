@@ -1,6 +1,6 @@
 """Print blue/green hot-swap figures under load: failed requests, switch latency, Envoy's added latency, drain time.
 
-Usage: ~/.cache/ironserve/venv/bin/python benchmarks/hot_swap.py [--swaps 10] [--clients 16]
+Usage: ~/.cache/ironserve/venv/bin/python benchmarks/hot_swap.py [--swaps 10] [--clients 16] [--etcd3gw]
 Starts its own etcd, Envoy, control loop, exporter and two CPU vLLM instances (tiny test model, engine
 venv), all on 127.0.0.1, each in a session of its own (a CPU share of its own under autogroup scheduling, as a
 systemd unit's cgroup on a host), and stops them all. Figures only; no assertions. The load is the official openai
@@ -21,7 +21,9 @@ SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, no
   rather than one process of the switch waiting for its CPU share.
 - etcd watch, bystander: a second watcher on the same keys, in a session of its own, that only notes when each
   revision arrives (write -> event parsed, like the control loop's step): a late event seen by both is etcd's or
-  the machine's, seen only by the control loop is the loop's.
+  the machine's, seen only by the control loop is the loop's. With --etcd3gw a third watcher beside it, on the
+  `etcd3gw` package's Watcher (not a dependency: pip install etcd3gw==2.7.0), stamps each revision's first event
+  the same way: both clients' figures from the same run (the comparison behind control.py's note on etcd3gw).
 - Envoy's added latency: the same requests sent alternately to vLLM directly and through Envoy, no load;
   and vLLM's own `vllm bench serve` (random 16-token prompts, 8 output tokens) against the engine and
   through Envoy, side by side.
@@ -32,6 +34,7 @@ SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, no
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -98,8 +101,22 @@ with etcd.watch(sys.argv[2], etcd.get_prefix(sys.argv[2]).revision + 1) as strea
 """
 
 
+# The same bystander on etcd3gw (--etcd3gw): its Watcher's reader thread calls back once per event, stamped there.
+ETCD3GW_BYSTANDER = """
+import sys, threading, time
+from urllib.parse import urlsplit
+import etcd3gw
+from etcd3gw.watch import Watcher
+url, prefix = urlsplit(sys.argv[1]), sys.argv[2]
+client = etcd3gw.client(host=url.hostname, port=url.port)
+Watcher(client, prefix, lambda event: print(event["kv"]["mod_revision"], f"{time.time():.6f}", flush=True),
+        range_end=prefix[:-1] + chr(ord(prefix[-1]) + 1))
+threading.Event().wait()
+"""
+
+
 def bystander_ms(seen: str, revision: int, written_at: float) -> float:
-    """Milliseconds from the etcd write to the bystander's event for that revision (NaN if it has none)."""
+    """Milliseconds from the etcd write to the bystander's first event for that revision (NaN if it has none)."""
     for line in seen.splitlines():
         seen_revision, parsed_at = line.split()
         if int(seen_revision) == revision:
@@ -200,11 +217,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--bench-prompts", type=int, default=100, help="prompts per `vllm bench serve` run")
     parser.add_argument("--samples", type=int, default=200, help="requests per path for Envoy's added latency")
+    parser.add_argument("--etcd3gw", action="store_true", help="a second bystander watcher on the etcd3gw package")
     parser.add_argument("--nice", type=int, default=0, help="nice value of the stack's processes and of swap's (and so "
                         "of the engines it starts); not of the load generator. Where the kernel schedules by "
                         "autogroup (kernel.sched_autogroup_enabled), it ranks a process only within its session, "
                         "and each engine has a session of its own")  # fmt: skip
     args = parser.parse_args()
+    if args.etcd3gw and importlib.util.find_spec("etcd3gw") is None:
+        raise SystemExit("--etcd3gw needs the etcd3gw package in this venv: pip install etcd3gw==2.7.0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -217,13 +237,16 @@ def main() -> None:
             watch = subprocess.Popen([sys.executable, "-c", STALL_WATCH], stdout=out)
         stack = build_stack(Path(work), TINY_MODEL_DIR, ENGINE_PYTHON, nice=args.nice)
         stack.start()
-        bystander_log = Path(work) / "bystander.txt"
-        bystander_command = [sys.executable, "-c", ETCD_BYSTANDER, stack.settings.swap.etcd_url,
-                             stack.settings.swap.key_prefix]  # fmt: skip
-        bystander: subprocess.Popen[bytes] | None = None
+        # Bystander watchers by name: the control loop's own Watch, and etcd3gw's with --etcd3gw.
+        scripts = {"bystander": ETCD_BYSTANDER, **({"etcd3gw": ETCD3GW_BYSTANDER} if args.etcd3gw else {})}
+        bystander_logs = {name: Path(work) / f"{name}.txt" for name in scripts}
+        bystanders: dict[str, subprocess.Popen[bytes]] = {}
         try:
-            with bystander_log.open("w") as out:
-                bystander = subprocess.Popen(bystander_command, stdout=out, start_new_session=True)
+            for name, script in scripts.items():
+                with bystander_logs[name].open("w") as out:
+                    command = [sys.executable, "-c", script, stack.settings.swap.etcd_url,
+                               stack.settings.swap.key_prefix]  # fmt: skip
+                    bystanders[name] = subprocess.Popen(command, stdout=out, start_new_session=True)
             first = swap_in_own_process(stack, "v1")
             if not first.ok:
                 raise SystemExit(f"initial deploy failed: {first}")
@@ -231,7 +254,7 @@ def main() -> None:
             results: list[swap.SwapResult] = []
             parts: list[dict[str, float]] = []
             stalls: list[float] = []
-            bystanders: list[float] = []
+            seen_ms: dict[str, list[float]] = {name: [] for name in scripts}
             load_before, steal_before = os.getloadavg(), steal_seconds()
             started = time.monotonic()
             try:
@@ -242,18 +265,21 @@ def main() -> None:
                     split = breakdown(stack, result)
                     if split is not None:
                         parts.append(split)
-                    stall = seen = float("nan")
+                    stall = float("nan")
+                    seen: dict[str, float] = {}
                     if result.written_at is not None and "switch_s" in result.timings:
                         until = result.written_at + result.timings["switch_s"]
                         stall = worst_stall_ms(stall_log.read_text(), result.written_at, until)
                         stalls.append(stall)
                         revision = router.current_route(stack.settings.swap)[0]
-                        seen = bystander_ms(bystander_log.read_text(), revision, result.written_at)
-                        bystanders.append(seen)
+                        for name, log in bystander_logs.items():
+                            seen[name] = bystander_ms(log.read_text(), revision, result.written_at)
+                            seen_ms[name].append(seen[name])
                     print(f"swap {index + 1}/{args.swaps} -> {version}: {result.gate} "
                           f"{ {k: round(v, 3) for k, v in result.timings.items()} } "
                           f"switch ms { {k: round(v, 1) for k, v in (split or {}).items()} } "
-                          f"machine stall ms {stall:.1f} bystander's etcd watch ms {seen:.1f}", flush=True)  # fmt: skip
+                          f"machine stall ms {stall:.1f} etcd watch ms "
+                          f"{ {name: round(ms, 1) for name, ms in seen.items()} }", flush=True)  # fmt: skip
                     if not result.ok:
                         break
             finally:
@@ -271,9 +297,9 @@ def main() -> None:
             served_direct = bench_serve(f"http://127.0.0.1:{direct_port}", args.bench_prompts)
             served_envoy = bench_serve(stack.url(""), args.bench_prompts)
         finally:
-            if bystander is not None:
-                bystander.terminate()
-                bystander.wait()
+            for process in bystanders.values():
+                process.terminate()
+                process.wait()
             stack.stop()
             watch.terminate()
             watch.wait()
@@ -302,7 +328,8 @@ def main() -> None:
     for step in SWITCH_STEPS:
         print(f"  {step:<24} ms {spread([p[step] for p in parts])}")
     print(f"  {'machine stall (longest)':<24} ms {spread(stalls)}  (a sleeping process woken late)")
-    print(f"  {'etcd watch (bystander)':<24} ms {spread(bystanders)}  (a second watcher, its own session)")
+    for name, values in seen_ms.items():
+        print(f"  {f'etcd watch ({name})':<24} ms {spread(values)}  (a second watcher, its own session)")
     print(f"new instance ready s       p50 {percentile(ready, 50):.1f}  p99 {percentile(ready, 99):.1f}")
     print(f"drain (switch->idle 10s) s p50 {percentile(drain, 50):.1f}  p99 {percentile(drain, 99):.1f}")
     print(f"stop (SIGTERM->exit) s     p50 {percentile(stop, 50):.1f}  p99 {percentile(stop, 99):.1f}")

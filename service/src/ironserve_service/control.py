@@ -54,6 +54,12 @@ class Snapshot:
     values: dict[str, str]
 
 
+# Kept over the `etcd3gw` package (2.7.0, measured 2026-12-06 with `benchmarks/hot_swap.py --etcd3gw`; figures in
+# benchmarks/RESULTS.md): it holds one open watch stream too and is as fast, but a stream that ends or that etcd
+# cancels is never reported (after an etcd restart its iterator stayed blocked, the watch dead; a compacted start
+# revision: silent; an error line dies in its worker thread), its watch request has no timeout, events come one key
+# at a time without the response's revision (a swap's txn of active, colour and proof has no boundary), and its
+# iterator has no timeout for the full read every RESYNC_S: a port would rebuild Watch around it.
 class Etcd:
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         parsed = urllib.parse.urlsplit(url)
