@@ -1,10 +1,16 @@
 """Print blue/green hot-swap figures under load: failed requests, switch latency, Envoy's added latency, drain time.
 
-Usage: ~/.cache/ironserve/venv/bin/python benchmarks/hot_swap.py [--swaps 10] [--clients 16] [--etcd3gw]
+Usage: ~/.cache/ironserve/venv/bin/python benchmarks/hot_swap.py [--swaps 10] [--clients 16] [--streaming] [--etcd3gw]
 Starts its own etcd, Envoy, control loop, exporter and two CPU vLLM instances (tiny test model, engine
 venv), all on 127.0.0.1, each in a session of its own (a CPU share of its own under autogroup scheduling, as a
 systemd unit's cgroup on a host), and stops them all. Figures only; no assertions. The load is the official openai
-SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, no SDK retries).
+SDK (hotswap_stack.Load: sync and async, HTTP/1.1 and h2c, streaming and not, only streaming with --streaming, no
+SDK retries). Failed: an error or a status other than 200; truncated: a 200 whose body ends early (a stream without
+its finish_reason and [DONE]).
+
+- Envoy's upstream connections over the run, blue and green together: closed by the engine (with requests in
+  flight), and retries (succeeded, refused by the retry budget, over num_retries): issue 33's 503s were engine
+  closes with requests in flight, over Envoy's default of 3 concurrent retries.
 
 - switch latency: the etcd compare-and-swap write (as `swap` reads the answer) -> the first request answered
   through Envoy by the new colour (`swap` asks /health through Envoy on one kept-alive connection, a question
@@ -146,6 +152,22 @@ def steal_seconds() -> float:
     return int(fields[8]) / 100
 
 
+# Envoy's counters per upstream cluster (its cluster statistics docs), summed over blue and green.
+UPSTREAM_COUNTERS = (
+    "upstream_cx_destroy_remote",
+    "upstream_cx_destroy_remote_with_active_rq",
+    "upstream_rq_retry",
+    "upstream_rq_retry_success",
+    "upstream_rq_retry_overflow",
+    "upstream_rq_retry_limit_exceeded",
+)
+
+
+def upstream_counters(admin: EnvoyAdmin) -> dict[str, int]:
+    return {name: sum(admin.counter(f"cluster.{colour}.{name}") for colour in ("blue", "green"))
+            for name in UPSTREAM_COUNTERS}  # fmt: skip
+
+
 def timed_get(url: str) -> float:
     started = time.perf_counter()
     with urllib.request.urlopen(url, timeout=30) as response:
@@ -215,6 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--swaps", type=int, default=10)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--streaming", action="store_true", help="every request streams (default: every other)")
     parser.add_argument("--bench-prompts", type=int, default=100, help="prompts per `vllm bench serve` run")
     parser.add_argument("--samples", type=int, default=200, help="requests per path for Envoy's added latency")
     parser.add_argument("--etcd3gw", action="store_true", help="a second bystander watcher on the etcd3gw package")
@@ -250,7 +273,7 @@ def main() -> None:
             first = swap_in_own_process(stack, "v1")
             if not first.ok:
                 raise SystemExit(f"initial deploy failed: {first}")
-            load = Load(stack.url(""), clients=args.clients, max_s=3600).start()
+            load = Load(stack.url(""), clients=args.clients, max_s=3600, streaming_only=args.streaming).start()
             results: list[swap.SwapResult] = []
             parts: list[dict[str, float]] = []
             stalls: list[float] = []
@@ -285,8 +308,11 @@ def main() -> None:
             finally:
                 outcomes = load.stop()
             elapsed = time.monotonic() - started
+            upstream = upstream_counters(EnvoyAdmin(stack.settings.swap.admin_port))
             load_after, steal = os.getloadavg(), steal_seconds() - steal_before
-            direct_port = stack.settings.swap.port(results[-1].colour or "blue")
+            # The colour Envoy serves, also after a swap that failed (its colour was stopped).
+            served = router.current_route(stack.settings.swap)[1]
+            direct_port = stack.settings.swap.port("green" if served == "green" else "blue")
             direct, proxied, direct_chat, proxied_chat = [], [], [], []
             for _ in range(args.samples):
                 direct.append(timed_get(f"http://127.0.0.1:{direct_port}/v1/models"))
@@ -317,9 +343,10 @@ def main() -> None:
           f"swaps, {load_after[0]:.1f} after, {steal:.1f} s stolen by the hypervisor; stack, swap and engines at nice "
           f"{args.nice}")  # fmt: skip
     print(
-        f"requests                   {len(outcomes)} ({streamed} streaming, {h2c} over h2c), failed {len(bad)}, "
-        f"incomplete {sum(o.ok and not o.complete for o in outcomes)}"
+        f"requests                   {len(outcomes)} ({streamed} streaming, {h2c} over h2c), "
+        f"failed {sum(not o.ok for o in outcomes)}, truncated {sum(o.ok and not o.complete for o in outcomes)}"
     )
+    print("Envoy upstream             " + ", ".join(f"{name} {value}" for name, value in upstream.items()))
     by_mode = Counter((o.protocol, o.streaming, o.ok and o.complete) for o in outcomes)
     print("by protocol/streaming      " + ", ".join(f"{p} {'stream' if s else 'plain'} {'ok' if ok else 'FAILED'} {n}"
                                                  for (p, s, ok), n in sorted(by_mode.items())))  # fmt: skip

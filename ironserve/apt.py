@@ -48,15 +48,27 @@ APT_GET = (
     "DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
     f" -o DPkg::Lock::Timeout={LOCK_WAIT_S}"
 )
-# apt-get update takes the lists lock, which DPkg::Lock::Timeout does not cover (apt 2.6): retry while apt's
-# message says another process holds it, printing that message, and fail at once on any other error.
-APT_UPDATE = (
-    "waited=0; until out=$(apt-get update -q 2>&1); do "
-    'case "$out" in *"Could not get lock"*) ;; *) echo "$out" >&2; exit 1;; esac; '
-    f'if [ "$waited" -ge {LOCK_WAIT_S} ]; then echo "$out" >&2; exit 1; fi; '
-    'echo "apt-get update waits: $(echo "$out" | grep -m1 "Could not get lock")" >&2; '
-    "sleep 5; waited=$((waited + 5)); done"
-)
+# Every way apt and dpkg say another process holds one of their locks: apt's, and dpkg's own (which dpkg and
+# `apt-mark hold`, through dpkg --set-selections, print without waiting).
+LOCK_MESSAGES = ("Could not get lock", "lock was locked by another process", "is locked by another process")
+
+
+def lock_waiting(command: str) -> str:
+    """`command` retried every 5 s while it fails saying another process holds apt's or dpkg's lock (dpkg,
+    apt-mark and apt-get update do not wait as DPkg::Lock::Timeout makes apt-get install wait), for at most
+    LOCK_WAIT_S, printing the holder; any other failure fails at once with its own message."""
+    busy = "|".join(f'*"{message}"*' for message in LOCK_MESSAGES)
+    return (
+        f"waited=0; until out=$({command} 2>&1); do "
+        f'case "$out" in {busy}) ;; *) echo "$out" >&2; exit 1;; esac; '
+        f'if [ "$waited" -ge {LOCK_WAIT_S} ]; then echo "$out" >&2; exit 1; fi; '
+        'echo "waiting for another apt or dpkg: $(echo "$out" | grep -m1 -i lock)" >&2; '
+        'sleep 5; waited=$((waited + 5)); done; echo "$out"'
+    )
+
+
+# apt-get update takes the lists lock, which DPkg::Lock::Timeout does not cover (apt 2.6).
+APT_UPDATE = lock_waiting("apt-get update -q")
 
 
 def metadata_lookup(
@@ -171,7 +183,7 @@ def pinned_install(pins: dict[str, str], recommends: bool = True, closed: Closed
         return
     if health.interrupted:  # apt refuses to install until the interrupted run is completed
         report("dpkg was interrupted (a run cut off mid-install): completing it with dpkg --configure -a")
-        yield "DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a"
+        yield lock_waiting("DEBIAN_FRONTEND=noninteractive dpkg --force-confdef --force-confold --configure -a")
     if wrong or health.damaged:
         yield APT_UPDATE
     if wrong:
@@ -260,7 +272,7 @@ def held(names: list[str], closed: ClosedSet | None = None) -> Commands:
     if not loose:
         host.noop("held: " + ", ".join(names))
         return
-    yield "apt-mark hold " + " ".join(shlex.quote(n) for n in loose)
+    yield lock_waiting("apt-mark hold " + " ".join(shlex.quote(n) for n in loose))
 
 
 def _problems(closure: Closure) -> list[str]:

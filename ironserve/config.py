@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import difflib
 import functools
+import ipaddress
 import re
 import types
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Generic, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ironserve.lock import LockViolation, StackLock, check_lock
 from ironserve.packages import package_violations
 from ironserve.profiles import DEFAULT_PROFILE, Profile, available_profiles, profile_data, read_profile
 from ironserve.reboot import RebootPolicy
-from ironserve.secrets import MASK, SECRET_KEY, redact_text
+from ironserve.secrets import MASK, SECRET_KEY, SECRET_PARAMETER, SECRET_SHAPE, redact_text
 from ironserve.versions import Version
 
 # Inventory keys build_config reads itself; every other `ironserve_*` key is a field of StackBase.
@@ -44,7 +45,7 @@ LOCAL_PATH: dict[str, Any] = {"local_path": True}
 PYINFRA_UNDECLARED_KEYS = frozenset({"chroot_directory", "docker_image"})
 
 SHOWN_MAX = 80  # characters of a value a message shows
-MESSAGE_MAX = 300  # characters of a validator's own message
+MESSAGE_MAX = 600  # characters of a validator's own message (a list of the accepted names fits)
 
 
 def prefixed(prefix: str) -> Callable[[str], str]:
@@ -60,14 +61,72 @@ def prefixed(prefix: str) -> Callable[[str], str]:
     return alias
 
 
+def _numeric(annotation: Any) -> bool:
+    """Whether a field's type takes a number and no boolean (int, float, optional or constrained)."""
+    if get_origin(annotation) is Annotated:
+        return _numeric(get_args(annotation)[0])
+    if get_origin(annotation) in {Union, types.UnionType}:
+        options = get_args(annotation)
+        return bool not in options and any(_numeric(option) for option in options)
+    return annotation in {int, float}
+
+
+def numbers_are_not_booleans(model: type[BaseModel], value: object, info: ValidationInfo) -> object:
+    """A field validator: pydantic reads `true` as 1 for a number (`ironserve_reboot_timeout_s: true` would
+    wait one second); a boolean given for a number is refused instead."""
+    field = model.model_fields.get(info.field_name or "")
+    if isinstance(value, bool) and field is not None and _numeric(field.annotation):
+        raise ValueError("a boolean is not a number; accepted: a number such as 600")
+    return value
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A TCP port a role's software listens on, an entry of the host's port plan."""
+
+    port: int
+    key: str  # the inventory key (and path inside it) that sets the port, e.g. inference_service.swap.listen_port
+    what: str  # who listens, e.g. "Envoy's listener"
+    # The role writes the port into net.ipv4.ip_local_reserved_ports, so an ephemeral range over it is harmless.
+    reserved: bool = False
+
+
 class RoleSettings(BaseModel):
     """Base of every role's settings: immutable, unknown keys refused, defaults validated like input.
 
     A role's model sets `model_config = ConfigDict(alias_generator=prefixed("<role>"))`, so each field's inventory
-    key is `<role>_<field>`.
+    key is `<role>_<field>`. A role whose software listens on the host names its ports in `listeners`, a role that
+    sets the kernel's ephemeral port range names it in `ephemeral_ports`: the core checks one port plan per host.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: object, info: ValidationInfo) -> object:
+        return numbers_are_not_booleans(cls, value, info)
+
+    def listeners(self) -> tuple[Listener, ...]:
+        """The TCP ports this role's software will listen on with these settings."""
+        return ()
+
+    def ephemeral_ports(self) -> tuple[str, int, int] | None:
+        """(inventory key, LOW, HIGH) of the ephemeral port range this role sets on the host, if it sets one."""
+        return None
+
+    def addresses(self) -> tuple[tuple[str, str], ...]:
+        """(inventory key, IP address) of the addresses this host answers on that this role's settings name."""
+        return ()
+
+    def private_networks(self) -> tuple[tuple[str, str], ...]:
+        """(inventory key, CIDR) of the networks this role gives its own software (pods, services): none of the
+        fleet's host addresses may fall inside one."""
+        return ()
+
+    def secret_variables(self) -> dict[str, tuple[str | None, str]]:
+        """The deploy machine's environment variables this role reads a secret from: variable -> (the inventory key
+        naming it, None for a fixed name; what it holds)."""
+        return {}
 
 
 class StackBase(BaseModel):
@@ -79,6 +138,12 @@ class StackBase(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: object, info: ValidationInfo) -> object:
+        return numbers_are_not_booleans(cls, value, info)
+
     host: str
     profile_name: str = Field(
         DEFAULT_PROFILE,
@@ -201,8 +266,9 @@ def _may_carry_credentials(word: str) -> bool:
 
 
 def redacted_text(text: str) -> str:
-    """`text` with the credentials of every URL in it replaced by `***` (ironserve.secrets.redact_text,
-    applied to the words that can carry one)."""
+    """`text` with every value shaped like a credential and the credentials of every URL replaced by `***`
+    (ironserve.secrets.redact_text, its URL rules applied to the words that can carry one)."""
+    text = SECRET_SHAPE.sub(MASK, text)
     return re.sub(r"\S+", lambda m: redact_text(m.group()) if _may_carry_credentials(m.group()) else m.group(), text)
 
 
@@ -226,6 +292,15 @@ def shown(value: object, path: tuple[object, ...] = ()) -> str:
     if _is_secret(path):
         return MASK
     return cut(ascii(redacted(value)))
+
+
+def _shown_unknown(value: object, path: tuple[object, ...]) -> str:
+    """The value of an unknown key: `***` when the key is named like a credential (`inference_api_key`,
+    `access_token`): nothing says what it holds, so it is taken to hold one."""
+    key = path[-1] if path else None
+    if isinstance(key, str) and (SECRET_PARAMETER.search(key) or re.search(r"(^|[_.-])keys?$", key, re.IGNORECASE)):
+        return MASK
+    return shown(value, path)
 
 
 def key_text(key: object) -> str:
@@ -386,10 +461,14 @@ def _lines(
             fields = sorted(_alias(n, f) for n, f in parent.model_fields.items()) if parent else []
             hint = _did_you_mean(str(loc[-1]), fields)
             accepted = f" (accepted: {', '.join(fields)})" if fields else ""
-            lines.append(f"host {host}: {_where(shown_loc)}: unknown key (got {shown(given, loc)}){hint}{accepted}")
+            lines.append(
+                f"host {host}: {_where(shown_loc)}: unknown key (got {_shown_unknown(given, loc)}){hint}{accepted}"
+            )
             continue
-        msg = message_text(str(error["msg"]).removeprefix("Value error, "), given, loc)
-        lines.append(f"host {host}: {_where(shown_loc, empty)}: {msg} (got {shown(given, loc)}){_accepted(error)}")
+        # A validator reports each of a value's problems on a line of its own.
+        for problem in str(error["msg"]).removeprefix("Value error, ").split("\n"):
+            msg = message_text(problem, given, loc)
+            lines.append(f"host {host}: {_where(shown_loc, empty)}: {msg} (got {shown(given, loc)}){_accepted(error)}")
     return lines
 
 
@@ -498,7 +577,7 @@ def _host_name_problems(host: str, data: Mapping[str, Any]) -> list[str]:
 
 
 def _unknown(host: str, key: str, value: object, registry: Registry[Any]) -> str:
-    start = f"host {host}: {key_text(key)}: unknown key (got {shown(value, (key,))})"
+    start = f"host {host}: {key_text(key)}: unknown key (got {_shown_unknown(value, (key,))})"
     hint = _did_you_mean(key, accepted_keys(registry))
     owners = [("ironserve", stack_keys(registry), "README.md")]
     owners += [(r.name, role_keys(r), f"roles/{r.name}/README.md") for r in registry.roles]
@@ -624,7 +703,102 @@ def _assess(host: str, data: Mapping[str, Any], registry: Registry[Any]) -> _Ass
         problems += stack.problems
         dropped |= stack.dropped - set(base)
         config = stack.settings if set(base).isdisjoint(stack.dropped) else None
+        if isinstance(config, StackBase):
+            problems += _port_plan_problems(host, config, registry) + _secret_variable_problems(host, config, registry)
     return _Assessment(config, problems, skipped, dropped)
+
+
+def _port_plan_problems(host: str, config: StackBase, registry: Registry[Any]) -> list[str]:
+    """One port plan per host: every selected role's listeners, each port claimed once, none inside an ephemeral
+    range unless its role reserves it (the kernel hands ephemeral ports to outgoing connections, which can take a
+    listener's port before it binds)."""
+    selected = [getattr(config, role.name) for role in registry.roles if role.name in config.roles]
+    listeners = [listener for settings in selected for listener in settings.listeners()]
+    problems = []
+    by_port: dict[int, list[Listener]] = {}
+    for listener in listeners:
+        by_port.setdefault(listener.port, []).append(listener)
+    for port, claims in sorted(by_port.items()):
+        if len(claims) > 1:
+            first, *others = claims
+            also = " and ".join(f"{o.what} ({o.key})" for o in others)
+            problems.append(
+                f"host {host_text(config.host)}: {first.key}: port {port} of {first.what} is also the port of {also}; "
+                "accepted: one port per listener on a host"
+            )
+    for settings in selected:
+        ephemeral = settings.ephemeral_ports()
+        if ephemeral is None:
+            continue
+        key, low, high = ephemeral
+        inside = [x for x in listeners if low <= x.port <= high and not x.reserved]
+        for listener in sorted(inside, key=lambda x: x.port):
+            problems.append(
+                f"host {host_text(config.host)}: {key}: the ephemeral range {low}-{high} contains port "
+                f"{listener.port} of {listener.key} ({listener.what}), which nothing reserves: an outgoing connection "
+                f"can take it before the listener binds; accepted: a range apart from the host's listeners, such as "
+                "the kernel's default 32768-60999"
+            )
+    return problems
+
+
+def _secret_variable_problems(host: str, config: StackBase, registry: Registry[Any]) -> list[str]:
+    """A variable read for one secret may not be the one another secret is read from: the first role would carry
+    the second's secret where it goes (a cluster Secret, a request)."""
+    readers: dict[str, list[tuple[str | None, str]]] = {}
+    for role in registry.roles:
+        for variable, reader in getattr(config, role.name).secret_variables().items():
+            readers.setdefault(variable, []).append(reader)
+    problems = []
+    for variable, found in sorted(readers.items()):
+        if len(found) < 2:
+            continue
+        named = [key for key, _ in found if key is not None]
+        problems.append(
+            f"host {host_text(config.host)}: {named[0] if named else '(environment)'}: {variable} is where "
+            f"{' and also '.join(what for _, what in found)} are read from; accepted: a variable of its own for each "
+            "secret"
+        )
+    return problems
+
+
+def _ip(value: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(str(value).strip("[]"))
+    except ValueError:
+        return None
+
+
+def address_problems(
+    configs: Mapping[str, StackBase], connect_to: Mapping[str, object], registry: Registry[Any]
+) -> list[str]:
+    """A host's address inside a network a role gives its own software (a pod or service subnet) is routed to pods
+    instead of the host, on every node. The addresses are every host's: the ones roles name and the address the
+    deploy connects to (`connect_to`: ssh_hostname, else the host name), where it is an IP literal."""
+    addresses: list[tuple[str, str, ipaddress.IPv4Address | ipaddress.IPv6Address]] = []
+    for name, config in configs.items():
+        given = [("ssh_hostname", connect_to.get(name))]
+        for role in registry.roles:
+            if role.name in config.roles:
+                given += list(getattr(config, role.name).addresses())
+        addresses += [
+            (name, key, ip) for key, value in given if (ip := _ip(value)) is not None and not ip.is_unspecified
+        ]
+    problems = []
+    for name, config in configs.items():
+        for role in registry.roles:
+            if role.name not in config.roles:
+                continue
+            for key, cidr in getattr(config, role.name).private_networks():
+                network = ipaddress.ip_network(cidr, strict=False)
+                for other, where, ip in addresses:
+                    if ip.version == network.version and ip in network:
+                        problems.append(
+                            f"host {host_text(name)}: {key}: {cidr} contains {ip}, host {host_text(other)}'s {where}: "
+                            "traffic to that host would be routed to pods; accepted: a network apart from every "
+                            "host's addresses"
+                        )
+    return problems
 
 
 def build_config(host: str, data: Mapping[str, Any], registry: Registry[S]) -> S:
@@ -643,6 +817,8 @@ def validate_host(host: str, data: Mapping[str, Any], registry: Registry[S]) -> 
     """build_config, and every selected role's required keys (check_deployable): all problems in one ConfigError."""
     assessment = _guarded(host, lambda: _assess(host, data, registry))
     problems = list(assessment.problems)
+    if isinstance(assessment.config, StackBase):
+        problems += address_problems({host: assessment.config}, {host: data.get("ssh_hostname") or host}, registry)
     if assessment.config is not None:
         keys = stack_keys(registry).union(*(role_keys(r) for r in registry.roles))
         for line in _deploy_problems(assessment.config, registry, assessment.skipped):
@@ -672,7 +848,7 @@ def _deploy_problems(config: StackBase, registry: Registry[Any], skipped: Iterab
             try:
                 role.check_deployable(config)
             except ValueError as exc:
-                problems.append(f"host {host_text(config.host)}: {message_text(str(exc))}")
+                problems += [f"host {host_text(config.host)}: {message_text(line)}" for line in str(exc).split("\n")]
             except Exception as exc:
                 problems.append(f"host {host_text(config.host)}: {role.name}: cannot be checked: {_failure(exc)}")
     return problems

@@ -24,6 +24,7 @@ given (relative to the working directory).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import sys
@@ -45,6 +46,8 @@ from ironserve.config import (
     ConfigError,
     Registry,
     StackBase,
+    address_problems,
+    build_config,
     host_text,
     local_path_keys,
     message_text,
@@ -225,16 +228,21 @@ def _raised(exc: BaseException, filename: object = None) -> str:
 def validate_inventory(hosts: list[InventoryHost], registry: Registry[Any]) -> tuple[dict[str, StackBase], list[str]]:
     """Every host's stack config, and every problem of every host (none is touched)."""
     configs: dict[str, StackBase] = {}
+    built: dict[str, StackBase] = {}  # every host whose values are valid, deployable or not: the address plan's
     problems: list[str] = []
     for host in hosts:
         try:
             configs[host.name] = validate_host(host.name, host.data, registry)
         except ConfigError as exc:
             problems.extend(str(exc).splitlines())
+        with contextlib.suppress(ConfigError):  # its problems are above
+            built[host.name] = configs.get(host.name) or build_config(host.name, host.data, registry)
     if not hosts:
         problems.append("the inventory lists no hosts")
     problems += fleet_problems(configs, registry)
-    return configs, problems
+    connect_to = {host.name: host.data.get("ssh_hostname") or host.name for host in hosts}
+    problems += address_problems(built, connect_to, registry)
+    return configs, list(dict.fromkeys(problems))  # a host's own address in its subnet: once, not per check
 
 
 def fleet_problems(configs: Mapping[str, StackBase], registry: Registry[Any]) -> list[str]:

@@ -39,6 +39,16 @@ SECRET_KEY = re.compile(r"pass(word|wd)|token|secret|credential", re.IGNORECASE)
 SECRET_PARAMETER = re.compile(
     r"pass(word|wd)?|pwd|token|secret|credential|api[-_]?key|access[-_]?key|auth|sig(nature)?", re.IGNORECASE
 )
+# A value shaped like a credential whatever key carries it: an API key (OpenAI's `sk-`, GitHub's `ghp_`/
+# `github_pat_`, GitLab's `glpat-`, Slack's `xox?-`, AWS access key ids), an HTTP Authorization value, a JWT, a
+# private key in PEM (to its END line, or to the end of the text when cut).
+SECRET_SHAPE = re.compile(
+    r"\b(?:sk|rk|pk)-[A-Za-z0-9_-]{8,}|\bgh[pousr]_[A-Za-z0-9]{16,}|\bgithub_pat_[A-Za-z0-9_]{16,}"
+    r"|\bglpat-[A-Za-z0-9_-]{16,}|\bxox[abprs]-[A-Za-z0-9-]{8,}|\bA[KS]IA[0-9A-Z]{16}\b"
+    r"|\b(?:Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{8,}|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
+    re.DOTALL,
+)
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 _QUERY_PAIR = re.compile(r"([^&;=#\s]*)=([^&;#\s]*)")
 
@@ -131,8 +141,9 @@ def redact(url: str) -> str:
 
 
 def redact_text(text: str) -> str:
-    """`text` (a message, a command line) with the credentials of every URL in it replaced by `***`."""
-    spans: list[tuple[int, int]] = []
+    """`text` (a message, a command line) with the credentials of every URL in it, and every value shaped like a
+    credential (SECRET_SHAPE), replaced by `***`."""
+    spans: list[tuple[int, int]] = [m.span() for m in SECRET_SHAPE.finditer(text)]
     for token in re.finditer(r"\S+", text):
         word = token.group()
         # Where a URL may begin: the word itself, and right after each `//` (`--index=https://u:p@h`).

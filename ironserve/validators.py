@@ -558,3 +558,14 @@ def check_allowed_kernel_arg_name(name: str) -> str:
             "another parameter name, such as pcie_port_pm"
         )
     return name
+
+
+# An entry of a role's `<role>_allow_plain_http`: one exact http:// URL the admin accepts without TLS.
+PlainHttpUrl = Annotated[str, Field(pattern=r"^http://\S+$")]
+
+
+def plain_http_refused(url: str, allowed: Iterable[str], allow_key: str, opens: str) -> None:
+    """ValueError when `url` is plain http and `allow_key` does not list it, URL for URL; `opens` says what a host
+    on the path could then do."""
+    if url.lower().startswith("http://") and url not in set(allowed):
+        raise ValueError(f"{url} is plain http: {opens}; accepted: https://, or this exact URL listed in {allow_key}")

@@ -16,6 +16,7 @@ from pyinfra.api.facts import FactBase
 
 from ironserve import manifests
 from ironserve.kubectl import ADMIN_KUBECONFIG, KubectlDiff, ObjectsDiff
+from ironserve.secrets import redact_text
 from roles import StackConfig
 
 # Worst first: one failing test makes the invariant fail on that host.
@@ -100,7 +101,8 @@ def observe(request: pytest.FixtureRequest) -> Any:
     """Record the value a test observed on the host, for the report."""
 
     def record(value: object) -> None:
-        request.node.user_properties.append(("observed", str(value)))
+        # What a host holds may carry a credential (a URL's login, an API key in a file): never into a report.
+        request.node.user_properties.append(("observed", redact_text(str(value))))
 
     return record
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import re
+import shlex
 import tomllib
 from typing import Any
 
 import pytest
 
+from ironserve.acceptance.checks import admin_dropins, modprobe_blocks, not_root_only
 from ironserve.apt import preferences
 from ironserve.facts import parse_os_release
 from ironserve.sysctl_boot import SysctlBootOrder, boot_overrides
 from roles import StackConfig
-from roles.container_runtime import PIN_FILE, PIN_PRIORITY, SYSCTL_FILE
+from roles.container_runtime import MODULES_FILE, PIN_FILE, PIN_PRIORITY, SYSCTL_FILE
+from roles.container_runtime.facts import config_argument
 from roles.container_runtime.render import CRI, DEVMAPPER, ContainerdConfigError, check_config
 
 CONFIG = "/etc/containerd/config.toml"
@@ -60,6 +63,14 @@ def test_containerd_pin_file_is_the_rendered_one(host: Any, config: StackConfig,
     assert content == expected
 
 
+@pytest.mark.invariant("cri-containerd")
+def test_files_deciding_what_runs_as_root_are_root_only(host: Any, observe: Any) -> None:
+    # containerd runs as root the runtimes its config names; apt installs the pinned version; the kernel loads these.
+    wrong = not_root_only(host, [CONFIG, PIN_FILE, SYSCTL_FILE, MODULES_FILE])
+    observe(wrong or "all root:root, writable by root alone")
+    assert wrong == {}
+
+
 @pytest.mark.invariant("cri-containerd", "cri-systemd-cgroup", "cri-nvidia-runtime")
 def test_config_passes_ironserves_schema(host: Any, observe: Any) -> None:
     try:
@@ -77,10 +88,32 @@ def test_systemd_cgroup_driver_for_every_runtime(host: Any, observe: Any) -> Non
     assert runtimes and all(rt.options.SystemdCgroup for rt in runtimes.values())
 
 
+def _running_config(host: Any) -> str:
+    """The config file the running containerd was started with, from its own command line (/proc/<MainPID>)."""
+    pid = host.run("systemctl show -p MainPID --value containerd.service").stdout.strip()
+    cmdline = host.run(f"tr '\\0' '\\n' < /proc/{pid}/cmdline") if pid.isdigit() and pid != "0" else None
+    return config_argument(cmdline.stdout.splitlines() if cmdline else [], CONFIG)
+
+
+def _running_dump(host: Any) -> str:
+    """`containerd config dump` of the file the running daemon was started with, not of the default path."""
+    return str(host.run(f"containerd --config {shlex.quote(_running_config(host))} config dump").stdout)
+
+
+@pytest.mark.invariant("cri-containerd")
+def test_running_containerd_was_started_with_the_managed_config(host: Any, observe: Any) -> None:
+    # A `systemctl edit` drop-in can start it with another --config: config.toml is then written but not in force.
+    foreign = admin_dropins(host, "containerd.service")
+    running = _running_config(host)
+    observe({"config": running, "admin drop-ins": foreign})
+    assert running == CONFIG
+    assert foreign == []
+
+
 @pytest.mark.invariant("cri-systemd-cgroup")
 def test_running_containerd_uses_systemd_cgroup(host: Any, observe: Any) -> None:
     # What containerd itself loaded, not only the file: every runtime's options carry SystemdCgroup = true.
-    dump = host.run("containerd config dump").stdout
+    dump = _running_dump(host)
     values = re.findall(r"^\s*SystemdCgroup = (\w+)", dump, flags=re.M)
     observe(values)
     assert values and set(values) == {"true"}
@@ -93,7 +126,7 @@ def test_nvidia_runtime_registered(host: Any, config: StackConfig, observe: Any)
     observe(f"default={cri.default_runtime_name} nvidia={nvidia.options.BinaryName if nvidia else None}")
     assert nvidia is not None and nvidia.options.BinaryName == config.container_runtime.nvidia_binary
     assert cri.default_runtime_name == config.container_runtime.default_runtime
-    dump = host.run("containerd config dump").stdout
+    dump = _running_dump(host)
     assert f'BinaryName = "{config.container_runtime.nvidia_binary}"' in dump
 
 
@@ -131,6 +164,13 @@ def test_nvidia_container_cli_keeps_cgroups(host: Any, observe: Any) -> None:
     section = tomllib.loads(host.file(path).content_string).get("nvidia-container-cli", {})
     observe(f"no-cgroups={section.get('no-cgroups')}")
     assert section.get("no-cgroups") is False
+
+
+@pytest.mark.invariant("cri-containerd")
+def test_no_modprobe_rule_blocks_a_container_module(host: Any, config: StackConfig, observe: Any) -> None:
+    blocking = modprobe_blocks(host, list(config.container_runtime.kernel_modules))
+    observe(blocking or "none")
+    assert blocking == []
 
 
 @pytest.mark.parametrize("module", ["overlay", "br_netfilter"])

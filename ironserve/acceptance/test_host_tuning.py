@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ironserve.acceptance.checks import admin_dropins, not_root_only
 from ironserve.facts import parse_os_release
 from ironserve.sysctl_boot import SysctlBootOrder, boot_overrides
 from roles import StackConfig
@@ -28,6 +29,13 @@ EFFECTIVE_GRUB_CMDLINE = (
 
 def _wanted(config: StackConfig, key: str) -> str:
     return config.host_tuning.sysctls[key]
+
+
+def test_files_deciding_what_runs_as_root_are_root_only(host: Any, config: StackConfig, observe: Any) -> None:
+    # systemd-sysctl applies the file as root at every boot.
+    wrong = not_root_only(host, [config.host_tuning.sysctl_file])
+    observe(wrong or "root:root, writable by root alone")
+    assert wrong == {}
 
 
 @pytest.mark.parametrize("key", SYSCTLS)
@@ -100,8 +108,10 @@ def test_kernel_crng_initialised(host: Any, observe: Any) -> None:
 @pytest.mark.invariant("kernel-time-sync")
 def test_time_sync_service_enabled(host: Any, observe: Any) -> None:
     service = host.service("systemd-timesyncd")
-    observe(f"enabled={service.is_enabled}")
+    dropins = admin_dropins(host, "systemd-timesyncd.service")
+    observe(f"enabled={service.is_enabled} admin drop-ins={dropins or 'none'}")
     assert service.is_enabled
+    assert dropins == []  # an override outranks the servers host_tuning_ntp_servers writes
 
 
 @pytest.mark.invariant("kernel-time-sync")

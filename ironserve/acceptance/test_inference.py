@@ -16,16 +16,18 @@ import shlex
 from typing import Any
 
 import pytest
+from ironserve_service.artifacts import MANIFEST_NAME, parse_manifest
 from ironserve_service.kube_objects import CONTAINER, SCALER_ACCOUNT, deployment_name
 from ironserve_service.router import parse_api_keys
 from ironserve_service.settings import COLOURS
 
 from ironserve import manifests
+from ironserve.acceptance.checks import admin_dropins
 from ironserve.kubectl import ADMIN_KUBECONFIG
 from roles import StackConfig
-from roles.inference import KUBERNETES_OBJECTS
+from roles.inference import COMPONENTS, KUBERNETES_OBJECTS, SERVE_UNIT
 from roles.inference.facts import ModelStore
-from roles.inference.operations import model_store_problems
+from roles.inference.operations import model_store_problems, model_version_dir, parse_port_list
 from roles.inference.render import canonical, environment_drift, lock_pins, service_yaml
 from roles.inference.render_kubernetes import deploy_objects, host_settings
 from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH, ENGINE_UNIT
@@ -66,6 +68,14 @@ def _serving_mode(request: pytest.FixtureRequest, config: StackConfig) -> None:
     kubernetes_test = request.node.name.startswith("test_kubernetes_mode_")
     if (config.inference.mode == "kubernetes") != kubernetes_test:
         pytest.skip(f"inference_mode is {config.inference.mode} on this host")
+
+
+@pytest.mark.parametrize("unit", ["etcd.service", *COMPONENTS, SERVE_UNIT])
+def test_no_admin_drop_in_overrides_a_service_unit(host: Any, unit: str, observe: Any) -> None:
+    # A `systemctl edit` override (another ExecStart, an environment) outranks the role's unit file.
+    found = admin_dropins(host, unit)
+    observe(found or "none")
+    assert found == []
 
 
 def _etcd_get(host: Any, config: StackConfig, key: str) -> str | None:
@@ -183,6 +193,31 @@ def test_the_model_versions_are_on_local_nvme(host: Any, config: StackConfig, ob
     )
     observe(store)
     assert not problems
+
+
+@pytest.mark.invariant("io-nvme-model-store")
+def test_the_served_versions_files_match_its_sealed_manifest(host: Any, config: StackConfig, observe: Any) -> None:
+    # A weight file truncated or damaged on disk fails here, not at the engine's next load; the deploy restores it.
+    source = config.inference.model_source
+    if source is None:
+        pytest.skip("inference_model_source is not set: no sealed manifest on this machine to compare with")
+    sealed = parse_manifest((source / MANIFEST_NAME).read_text(encoding="utf-8"))
+    directory = model_version_dir(str(_service(config).swap.models_root), config.inference.version())
+    names = " ".join(shlex.quote(name) for name in sealed)
+    # sha256sum prints a line for each file it could read, in the manifest's own format; a missing one is absent.
+    summed = host.run(f"cd {shlex.quote(directory)} && sha256sum -- {names}").stdout
+    found = parse_manifest(summed) if summed.strip() else {}
+    differs = {name: found.get(name, "missing") for name, digest in sealed.items() if found.get(name) != digest}
+    observe(differs or f"{len(sealed)} files as sealed")
+    assert differs == {}
+
+
+def test_the_services_ports_are_reserved_from_ephemeral_use(host: Any, config: StackConfig, observe: Any) -> None:
+    # In force, not the file: an outgoing connection bound to one of them before the service starts makes it fail.
+    in_force = host.run("cat /proc/sys/net/ipv4/ip_local_reserved_ports").stdout
+    wanted = {listener.port for listener in config.inference.listeners() if listener.reserved}
+    observe(in_force.strip() or "none")
+    assert sorted(wanted - parse_port_list(in_force)) == []
 
 
 def test_the_api_refuses_a_request_without_a_valid_key(host: Any, config: StackConfig, observe: Any) -> None:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from ironserve.acceptance.checks import admin_dropins
 from ironserve.apt import preferences
 from ironserve.kubectl import ADMIN_KUBECONFIG
 from roles import StackConfig
@@ -111,8 +112,10 @@ def test_the_kubelet_reads_the_file_ironserve_renders(host: Any, observe: Any) -
 @pytest.mark.invariant("k8s-not-k3s")
 def test_kubelet_enabled_and_running(host: Any, observe: Any) -> None:
     kubelet = host.service("kubelet")
-    observe({"enabled": kubelet.is_enabled, "running": kubelet.is_running})
+    dropins = admin_dropins(host, "kubelet.service")  # kubeadm's own 10-kubeadm.conf is under /usr/lib
+    observe({"enabled": kubelet.is_enabled, "running": kubelet.is_running, "admin drop-ins": dropins})
     assert kubelet.is_enabled and kubelet.is_running
+    assert dropins == []
 
 
 @pytest.mark.invariant("k8s-not-k3s")

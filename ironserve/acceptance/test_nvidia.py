@@ -13,13 +13,24 @@ from typing import Any
 
 import pytest
 
+from ironserve.acceptance.checks import admin_dropins, modprobe_blocks, not_root_only
 from ironserve.apt import metadata_lookup
 from ironserve.aptindex import exact_closure
 from ironserve.facts import AptCandidates, AptProviders, AptShow, RepositoryStanzas
 from ironserve.lock import FORBIDDEN_DRIVERS
 from ironserve.packages import distro_key, pinned_packages
 from roles import StackConfig
-from roles.nvidia import KEYRING, PREFERENCES, SOURCES_LIST, UNATTENDED_BLACKLIST, locked_set, sources_line
+from roles.nvidia import (
+    CUDA_PROFILE,
+    KEYRING,
+    NVIDIA_MODULES,
+    PREFERENCES,
+    SOURCES_LIST,
+    UNATTENDED_BLACKLIST,
+    locked_set,
+    sources_line,
+)
+from roles.nvidia.facts import AptSourceFiles, sources_naming
 
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 # deviceQuery is built from NVIDIA/cuda-samples tag v<X.Y> (the toolkit ships no samples since CUDA 11.6), which
@@ -158,6 +169,26 @@ def test_repository_source_is_the_rendered_line(host: Any, config: StackConfig, 
     content = source.content_string if source.exists else None
     observe(content.strip() if content else "missing")
     assert content == _repository_line(host, config)
+
+
+@pytest.mark.invariant("drv-version")
+def test_files_deciding_what_runs_as_root_are_root_only(host: Any, observe: Any) -> None:
+    # apt installs as root what its source, key and pins name; login shells source the profile script.
+    wrong = not_root_only(
+        host, [KEYRING, SOURCES_LIST, PREFERENCES, UNATTENDED_BLACKLIST, NOUVEAU_BLACKLIST, CUDA_PROFILE]
+    )
+    observe(wrong or "all root:root, writable by root alone")
+    assert wrong == {}
+
+
+@pytest.mark.invariant("drv-version")
+def test_no_other_apt_source_names_the_repository(host: Any, config: StackConfig, observe: Any) -> None:
+    # A second source of the repository with another signed-by (NVIDIA's cuda-keyring package adds one) makes apt
+    # refuse every command: "Conflicting values set for option Signed-By".
+    files = AptSourceFiles().process(host.run(AptSourceFiles().command()).stdout.splitlines())
+    others = [path for path in sources_naming(files, _repository_uri(host, config)) if path != SOURCES_LIST]
+    observe(others or "none")
+    assert others == []
 
 
 @pytest.mark.invariant("drv-version")
@@ -333,6 +364,13 @@ def test_nouveau_is_blacklisted(host: Any, observe: Any) -> None:
     assert "blacklist nouveau" in content.splitlines()
 
 
+@pytest.mark.invariant("drv-version")
+def test_no_modprobe_rule_blocks_an_nvidia_module(host: Any, observe: Any) -> None:
+    blocking = modprobe_blocks(host, list(NVIDIA_MODULES))
+    observe(blocking or "none")
+    assert blocking == []
+
+
 @pytest.mark.invariant("drv-update-initramfs")
 def test_every_initrd_was_rebuilt_after_the_blacklist(
     host: Any, config: StackConfig, container_kind: str | None, observe: Any
@@ -376,8 +414,10 @@ def test_persistence_daemon_enabled_and_running(host: Any, config: StackConfig, 
     if not config.nvidia.persistenced:
         pytest.skip("nvidia_persistenced is off in the inventory")
     service = host.service("nvidia-persistenced")
-    observe({"enabled": service.is_enabled, "running": service.is_running})
+    dropins = admin_dropins(host, "nvidia-persistenced.service")
+    observe({"enabled": service.is_enabled, "running": service.is_running, "admin drop-ins": dropins})
     assert service.is_enabled and service.is_running
+    assert dropins == []
 
 
 @pytest.mark.invariant("gpu-firmware-version")

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from ironserve.dropins import dropin_dir_names
 from ironserve.validators import CAPABILITY_BITS
 from roles import StackConfig
-from roles.security.facts import dropin_dir_names
 from roles.security.render import (
     DROPIN_NAME,
     dropin_properties,
@@ -124,6 +124,16 @@ def _dropin(host: Any, config: StackConfig) -> str:
 
 def _probe(host: Any, config: StackConfig, code: str) -> Any:
     return host.run(systemd_run_command(_dropin(host, config), "python3 -c " + shlex.quote(code)))
+
+
+@pytest.mark.invariant("sec-ai-runner-user")
+def test_service_account_has_no_sudo_rights(host: Any, config: StackConfig, observe: Any) -> None:
+    # What sudo itself would allow, every sudoers file and alias included: any rule hands the service root.
+    if not host.exists("sudo"):
+        pytest.skip("sudo is not installed on this host")
+    listed = host.run(f"sudo -l -U {shlex.quote(config.security.user)}")
+    observe(listed.stdout.strip().splitlines()[-3:])
+    assert listed.rc == 0 and "is not allowed to run sudo" in listed.stdout, listed.stdout + listed.stderr
 
 
 @pytest.mark.invariant("sec-ai-runner-user")

@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
 from ironserve.secrets import private_file
-from roles.bios.client import https_address, normalised_fingerprint
+from roles.bios.client import ENV_PASSWORD, ENV_USER, https_address, normalised_fingerprint
 
 
 class BiosSettings(RoleSettings):
@@ -100,3 +100,6 @@ class BiosSettings(RoleSettings):
     @classmethod
     def _fingerprint(cls, value: object) -> object:
         return normalised_fingerprint(value) if isinstance(value, str) else value
+
+    def secret_variables(self) -> dict[str, tuple[str | None, str]]:
+        return {ENV_USER: (None, "the iDRAC user (bios)"), ENV_PASSWORD: (None, "the iDRAC password (bios)")}

@@ -33,6 +33,7 @@ from roles.cluster_addons.render import (
     custom_manifests,
     helm_releases,
     missing_keys,
+    network_problems,
     problems,
     service_port,
     trust_anchors_pem,
@@ -52,10 +53,10 @@ def cluster_addons_deployable(config: AddonsConfig) -> None:
     missing = missing_keys(config)
     if missing:
         raise ValueError("the cluster_addons role needs " + "; ".join(missing))
-    found = list(dict.fromkeys(problems(config, service_port(config), trust_anchors_pem(config.cluster_addons))))
+    found = network_problems(config)
+    found += list(dict.fromkeys(problems(config, service_port(config), trust_anchors_pem(config.cluster_addons))))
     if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise ValueError(f"cluster_addons: the rendered add-ons are refused: {found[0]}{more}")
+        raise ValueError("\n".join(f"cluster_addons: the rendered add-ons are refused: {line}" for line in found))
 
 
 @deploy("Cluster add-ons")

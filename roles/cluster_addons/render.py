@@ -442,6 +442,34 @@ def problems(
     return found
 
 
+def _within(
+    inner: ipaddress.IPv4Network | ipaddress.IPv6Network, outer: ipaddress.IPv4Network | ipaddress.IPv6Network
+) -> bool:
+    return inner.version == outer.version and inner.network_address in outer and inner.prefixlen >= outer.prefixlen
+
+
+def network_problems(config: AddonsConfig) -> list[str]:
+    """Cilium's cluster pool cut into per-node slices of cluster_addons_cilium_pod_cidr_mask_size: a slice as large
+    as the pod subnet leaves no second node any pod address; native routing must cover every pod address."""
+    addons = config.cluster_addons
+    pods = ipaddress.ip_network(config.kubernetes.pod_subnet)
+    found = []
+    if pods.version == 4 and addons.cilium_pod_cidr_mask_size <= pods.prefixlen:
+        found.append(
+            f"cluster_addons_cilium_pod_cidr_mask_size /{addons.cilium_pod_cidr_mask_size} is not longer than "
+            f"kubernetes_pod_subnet {pods}: one node takes the whole pool and no second node gets pod addresses; "
+            f"accepted: a mask from /{pods.prefixlen + 1} to /28"
+        )
+    routed = addons.cilium_native_routing_cidr
+    network = ipaddress.ip_network(routed) if routed else None
+    if addons.cilium_routing_mode == "native" and network is not None and not _within(pods, network):
+        found.append(
+            f"cluster_addons_cilium_native_routing_cidr {routed} does not contain kubernetes_pod_subnet {pods}: "
+            "pods outside it are masqueraded or unreachable; accepted: a CIDR containing the pod subnet"
+        )
+    return found
+
+
 def missing_keys(config: AddonsConfig) -> list[str]:
     """The keys this role cannot render without, with what each one is for."""
     addons, missing = config.cluster_addons, []

@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints, field_validator
+from pydantic import ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 
 from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
 from ironserve.secrets import credentials_refused
-from ironserve.validators import BaseUrl, Sha256
+from ironserve.validators import BaseUrl, PlainHttpUrl, Sha256, plain_http_refused
 
 SEMVER = r"^[0-9]+\.[0-9]+\.[0-9]+$"
 # A chart repository or mirror: https://, oci:// (Helm OCI registries) or file:// for a local copy.
@@ -25,6 +25,13 @@ ChartRepo = Annotated[str, StringConstraints(pattern=CHART_REPO)]
 DNS_NAME = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+")
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
 PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
+# Let's Encrypt's staging directory: its certificates chain to "(STAGING) Pretend Pear X1", which no client trusts
+# (letsencrypt.org/docs/staging-environment).
+ACME_STAGING_HOST = "acme-staging-v02.api.letsencrypt.org"
+CHART_OVER_HTTP = (
+    "Helm fetches the chart and its index from it with nothing checked, so anyone on the path changes what the "
+    "control planes install with cluster-admin rights"
+)
 
 
 def _dns_names(values: tuple[str, ...], example: str) -> tuple[str, ...]:
@@ -34,11 +41,20 @@ def _dns_names(values: tuple[str, ...], example: str) -> tuple[str, ...]:
     return values
 
 
+def _in_zone(name: str, zone: str) -> bool:
+    return name == zone or name.endswith("." + zone)
+
+
 class ClusterAddonsSettings(RoleSettings):
     """Settings of roles/cluster_addons."""
 
     model_config = ConfigDict(alias_generator=prefixed("cluster_addons"))
 
+    allow_plain_http: tuple[PlainHttpUrl, ...] = Field(
+        (),
+        description="Opt-in: http:// URLs cluster_addons_helm_base_url and the *_chart_repo keys may be, each "
+        "exactly as given there (nothing checks a chart fetched over it: for a lab or an isolated network).",
+    )
     # --- Helm -----------------------------------------------------------------------------------------------
     helm_version: str = Field(
         "3.17.3",
@@ -148,6 +164,11 @@ class ClusterAddonsSettings(RoleSettings):
         "https://charts.jetstack.io",
         description="Helm repository of the cert-manager chart, or the site's mirror of it.",
     )
+    acme_staging: bool = Field(
+        False,
+        description="Opt-in: a cluster_addons_acme_server on Let's Encrypt's staging directory, whose certificates "
+        "no client trusts (for testing the issuance, never for serving).",
+    )
     acme_server: str = Field(
         "https://acme-v02.api.letsencrypt.org/directory",
         pattern=r"^https://\S+$",
@@ -208,14 +229,35 @@ class ClusterAddonsSettings(RoleSettings):
 
     @field_validator("cilium_chart_repo", "envoy_gateway_chart_repo", "linkerd_chart_repo", "cert_manager_chart_repo")
     @classmethod
-    def _repo_without_credentials(cls, value: str) -> str:
+    def _repo_without_credentials(cls, value: str, info: ValidationInfo) -> str:
         credentials_refused(value, "give the mirror's credentials to Helm on the control planes (helm registry login)")
+        plain_http_refused(
+            value, info.data.get("allow_plain_http", ()), "cluster_addons_allow_plain_http", CHART_OVER_HTTP
+        )
         return value
 
     @field_validator("helm_base_url")
     @classmethod
-    def _download_without_credentials(cls, value: str) -> str:
+    def _download_without_credentials(cls, value: str, info: ValidationInfo) -> str:
         credentials_refused(value, "give them to curl on the control planes (root's ~/.netrc)")
+        plain_http_refused(
+            value,
+            info.data.get("allow_plain_http", ()),
+            "cluster_addons_allow_plain_http",
+            "the tarball is checked against cluster_addons_helm_sha256, but anyone on the path sees and can "
+            "withhold the download, and the charts' URLs on the same mirror are as open",
+        )
+        return value
+
+    @field_validator("acme_server")
+    @classmethod
+    def _production_acme(cls, value: str, info: ValidationInfo) -> str:
+        host = value.removeprefix("https://").partition("/")[0].partition(":")[0].lower()
+        if host == ACME_STAGING_HOST and not info.data.get("acme_staging"):
+            raise ValueError(
+                "is Let's Encrypt's staging directory, whose certificates no browser or client trusts; accepted: "
+                "https://acme-v02.api.letsencrypt.org/directory, or cluster_addons_acme_staging: true to test issuance"
+            )
         return value
 
     @field_validator("cilium_native_routing_cidr")
@@ -236,12 +278,18 @@ class ClusterAddonsSettings(RoleSettings):
     def _forward_ips(cls, values: tuple[str, ...]) -> tuple[str, ...]:
         for value in values:
             try:
-                ipaddress.ip_address(value)
+                address = ipaddress.ip_address(value)
             except ValueError:
                 raise ValueError(
                     f"{value!r} is not an IP address; accepted: resolver addresses such as 1.1.1.1 8.8.8.8 "
                     "(a name would need the resolver it replaces)"
                 ) from None
+            # Loopback inside the CoreDNS pod is CoreDNS itself, whose loop plugin stops it (coredns.io/plugins/loop).
+            if address.is_loopback or address.is_unspecified:
+                raise ValueError(
+                    f"{value} is the CoreDNS pod itself, not a resolver: CoreDNS would forward to itself and stop; "
+                    "accepted: resolvers the pods reach, such as the site's or 1.1.1.1 8.8.8.8"
+                )
         if len(set(values)) != len(values):
             raise ValueError("lists a resolver twice")
         return values
@@ -253,8 +301,17 @@ class ClusterAddonsSettings(RoleSettings):
 
     @field_validator("tls_dns_names")
     @classmethod
-    def _tls_names(cls, values: tuple[str, ...]) -> tuple[str, ...]:
-        return _dns_names(values, "llm.example.com")
+    def _tls_names(cls, values: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        _dns_names(values, "llm.example.com")
+        zones = info.data.get("dns_zones") or ()
+        # cert-manager's DNS01 solver answers only for names in its selector.dnsZones (or below them).
+        outside = [v for v in values if zones and not any(_in_zone(v.removeprefix("*."), z) for z in zones)]
+        if outside:
+            raise ValueError(
+                f"names outside the zones the DNS01 solver serves ({', '.join(zones)}): {', '.join(outside)}; their "
+                "certificate would never be issued; accepted: names in cluster_addons_dns_zones, or their zone there"
+            )
+        return values
 
     @field_validator("linkerd_trust_anchor")
     @classmethod
@@ -286,3 +343,7 @@ class ClusterAddonsSettings(RoleSettings):
             return None
         name, _, port = self.grpc_web_backend.partition(":")
         return name, int(port)
+
+    def secret_variables(self) -> dict[str, tuple[str | None, str]]:
+        key = "cluster_addons_cloudflare_token_env"
+        return {self.cloudflare_token_env: (key, "the Cloudflare API token (put into a cluster Secret)")}

@@ -16,15 +16,22 @@ from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import systemd
+from pyinfra.operations.util import any_changed
 
 from ironserve.apt import held, pinned_install, pins_in_force, preferences
+from ironserve.dropins import foreign_dropins_moved_aside
 from ironserve.facts import ContainerKind, OsDistro
+from ironserve.modprobe import modules_not_blocked
 from ironserve.operations import Commands, live_sysctl, service_state, stop_host
 from ironserve.owned import backed_up, backup_path, owned_directory, owned_file, unmasked
 from ironserve.run import HostRun
 from ironserve.speed.reads import Read, read, reading_operation
 from ironserve.sysctl_boot import boot_sysctls_win
-from roles.container_runtime.facts import FSTAB_SWAP_LINE, KernelModules, SwapState
+from roles.container_runtime.facts import (
+    FSTAB_SWAP_LINE,
+    KernelModules,
+    SwapState,
+)
 from roles.container_runtime.render import (
     ContainerdConfigError,
     hosts_toml,
@@ -126,6 +133,7 @@ def container_runtime(config: StackConfig, run: HostRun) -> None:
         content="".join(f"{m}\n" for m in settings.kernel_modules),
         clear_immutable=frozen,
     )
+    modules_not_blocked(name="No modprobe.d rule blocks a container module", modules=settings.kernel_modules)
     kernel_modules(name="Kernel modules loaded", names=settings.kernel_modules)
     owned_file(
         name="Pod networking sysctls persisted",
@@ -179,10 +187,18 @@ def container_runtime(config: StackConfig, run: HostRun) -> None:
         clear_immutable=frozen,
     )
     unmasked(name="containerd not masked", unit="containerd.service")
+    # A `systemctl edit` drop-in can start containerd with another --config: the file written would not be in force.
+    dropins = foreign_dropins_moved_aside(
+        name="No foreign drop-in on containerd",
+        units=["containerd.service"],
+        own=[],
+        why=f"overrides containerd's unit (it must run with {CONFIG}; set it through container_runtime_*)",
+    )
+    systemd.daemon_reload(name="systemd drops the foreign containerd drop-in", _if=dropins.did_change)
     systemd.service(
         name="Restart containerd for its new config",
         service="containerd.service",
         restarted=True,
-        _if=written.did_change,
+        _if=any_changed(written, dropins),
     )
     service_state(name="containerd enabled and running", unit="containerd.service", running=True, enabled=True)

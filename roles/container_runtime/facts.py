@@ -1,4 +1,5 @@
-"""Facts of the container_runtime role: kernel modules and swap, with pure `process()`."""
+"""Facts of the container_runtime role: kernel modules, what blocks them in modprobe.d, and swap, with pure
+`process()`."""
 
 from __future__ import annotations
 
@@ -61,3 +62,14 @@ class SwapState(FactBase[dict[str, list[str]]]):
             if kind in state and device:
                 state[kind].append(device)
         return state
+
+
+def config_argument(argv: list[str], default: str) -> str:
+    """The config file a containerd command line names (`--config PATH`, `--config=PATH`, `-c PATH`), else
+    `default`, the one containerd reads without it."""
+    for index, argument in enumerate(argv):
+        if argument in {"--config", "-c"} and index + 1 < len(argv):
+            return argv[index + 1]
+        if argument.startswith("--config="):
+            return argument.partition("=")[2]
+    return default

@@ -11,11 +11,13 @@ from ironserve.config import RoleSettings, prefixed
 from ironserve.validators import (
     PackageName,
     PackageVersion,
+    PlainHttpUrl,
     canonical_sysctls,
     check_allowed_sysctl_key,
     check_path,
     fullmatch,
     path_rule,
+    plain_http_refused,
 )
 
 # modprobe names: a-z 0-9 _ (MODULE_NAME_LEN is 56 with the NUL).
@@ -37,6 +39,7 @@ REGISTRY_CONFIG_PATH = "/etc/containerd/certs.d"
 IMAGE = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 REGISTRY = re.compile(r"[a-z0-9.-]+(:[0-9]+)?")
 MIRROR_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~/-]*)?")
+# An entry of a plain-http allowance: the one http:// URL it lets through, as the setting gives it.
 
 DevmapperRoot = Annotated[str, path_rule(("/var/lib/containerd",), example="/var/lib/containerd/devmapper")]
 
@@ -147,6 +150,11 @@ class ContainerRuntimeSettings(RoleSettings):
         description="The pause image of every pod (CRI `sandbox_image`), as kubeadm 1.31 expects it; a site "
         "names its registry mirror's copy.",
     )
+    allow_plain_http: tuple[PlainHttpUrl, ...] = Field(
+        (),
+        description="Opt-in: http:// mirror URLs container_runtime_registry_mirrors may name, each exactly as "
+        "given there (containerd pulls from them by tag with nothing checked: for a lab or an isolated network).",
+    )
     registry_mirrors: dict[Annotated[str, AfterValidator(_registry)], Annotated[str, AfterValidator(_mirror)]] = Field(
         default_factory=dict,
         description="Registry host -> mirror URL pulls go to first (containerd's hosts.toml under "
@@ -197,6 +205,19 @@ class ContainerRuntimeSettings(RoleSettings):
     @classmethod
     def _sysctls(cls, raw: object, info: ValidationInfo) -> dict[str, str]:
         return canonical_sysctls(raw, info.data.get("allow_sysctl_keys"), "container_runtime_allow_sysctl_keys")
+
+    @field_validator("registry_mirrors")
+    @classmethod
+    def _mirrors_over_tls(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        for registry, url in value.items():
+            plain_http_refused(
+                url,
+                info.data.get("allow_plain_http", ()),
+                "container_runtime_allow_plain_http",
+                f"containerd pulls {registry}'s images from it by tag with nothing checked, so anyone on the path "
+                "serves the hosts any image under that name",
+            )
+        return value
 
     @field_validator("packages")
     @classmethod

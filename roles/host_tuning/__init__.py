@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
-from pyinfra.operations import files
+from pyinfra.operations import files, systemd
 
 from ironserve.apt import installed
+from ironserve.dropins import foreign_dropins_moved_aside
 from ironserve.facts import ContainerKind
 from ironserve.layout import role_template
 from ironserve.operations import Commands, failing, live_sysctl, service_state
@@ -125,6 +126,20 @@ def _time_sync(settings: HostTuningSettings, clear_immutable: bool) -> None:
             clear_immutable=clear_immutable,
         )
     unmasked(name="systemd-timesyncd not masked", unit="systemd-timesyncd.service")
+    dropins = foreign_dropins_moved_aside(
+        name="No foreign drop-in on systemd-timesyncd",
+        units=["systemd-timesyncd.service"],
+        own=[],
+        why="overrides systemd-timesyncd's unit (set its servers through host_tuning_ntp_servers)",
+    )
+    systemd.daemon_reload(name="systemd drops the foreign timesyncd drop-in", _if=dropins.did_change)
+    # pyinfra restarts it only when it runs (never in a container, where it refuses to).
+    systemd.service(
+        name="Restart systemd-timesyncd without the foreign drop-in",
+        service="systemd-timesyncd.service",
+        restarted=True,
+        _if=dropins.did_change,
+    )
     # timesyncd refuses to run in a container (ConditionVirtualization=!container): the machine keeps its clock.
     service_state(
         name="Enable systemd-timesyncd",

@@ -23,6 +23,7 @@ CGROUP_V2_ARG = "systemd.unified_cgroup_hierarchy=1"
 # A drop-in of its own in /etc/sysctl.d; never Debian's 99-sysctl.conf (a symlink to /etc/sysctl.conf) nor the
 # container runtime role's file.
 SYSCTL_FILE = re.compile(r"/etc/sysctl\.d/[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\.conf")
+PORT_RANGE = "net.ipv4.ip_local_port_range"
 NOT_OURS = frozenset({"/etc/sysctl.d/99-sysctl.conf", "/etc/sysctl.d/91-ironserve-containers.conf"})
 
 
@@ -50,7 +51,7 @@ class HostTuningSettings(RoleSettings):
             "net.core.rmem_max": "26214400",  # sysctl-rmem-max: 25 MB socket receive buffer ceiling
             "net.core.wmem_max": "26214400",  # sysctl-wmem-max: 25 MB socket send buffer ceiling
             "net.ipv4.tcp_slow_start_after_idle": "0",  # keep cwnd on idle keep-alive connections
-            "net.ipv4.ip_local_port_range": "32768 60999",  # net-ip-local-port-range: never narrowed
+            PORT_RANGE: "32768 60999",  # net-ip-local-port-range: never narrowed
         },
         description="Kernel parameters written to host_tuning_sysctl_file and applied live (catalog: network_tuning): "
         "ASCII integers without leading zeros in the kernel's bounds (net.rst: r/wmem_max 4608 to 2147483647, "
@@ -98,3 +99,10 @@ class HostTuningSettings(RoleSettings):
         if unlisted:
             raise ValueError(f"{', '.join(unlisted)}: not on ironserve's list; accepted: {kernel_args_accepted()}")
         return args
+
+    def ephemeral_ports(self) -> tuple[str, int, int] | None:
+        given = self.sysctls.get(PORT_RANGE)
+        if given is None:
+            return None
+        low, high = map(int, given.split())
+        return f"host_tuning_sysctls[{PORT_RANGE!r}]", low, high

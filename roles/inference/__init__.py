@@ -21,17 +21,21 @@ from pyinfra.operations import files, systemd
 
 from ironserve import manifests
 from ironserve.apt import installed
+from ironserve.dropins import foreign_dropins_moved_aside
 from ironserve.kubectl import ADMIN_KUBECONFIG, objects_applied
 from ironserve.layout import role_template
-from ironserve.operations import daemon_reloaded, restarted_when_stale
+from ironserve.operations import daemon_reloaded, live_sysctl, restarted_when_stale
 from ironserve.owned import owned_directory, owned_file, render_template, unmasked
 from ironserve.run import HostRun
+from ironserve.sysctl_boot import boot_sysctls_win
 from ironserve.validators import check_environment, systemd_quoted
 from roles.inference.operations import (
+    RESERVED_PORTS_KEY,
     api_keys_present,
     locked_environment,
     model_store_ready,
     model_version_dir,
+    port_list,
     runtime_dirs,
     service_package,
     serving,
@@ -46,6 +50,8 @@ if TYPE_CHECKING:  # the registry imports this package
 LOCK_PATH = "/opt/ironserve/requirements.lock"
 WHEEL_DIR = "/opt/ironserve/wheels"
 TMPFILES = "/etc/tmpfiles.d/ironserve.conf"
+# After host_tuning's and container_runtime's sysctl.d files (90-, 91-), before a hardening baseline's 99-.
+PORTS_SYSCTL_FILE = "/etc/sysctl.d/92-ironserve-inference.conf"
 KUBERNETES_DIR = Path("/etc/ironserve/kubernetes")
 KUBERNETES_OBJECTS = KUBERNETES_DIR / "ai-service.yaml"
 PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
@@ -137,6 +143,25 @@ def _install_model(config: StackConfig, settings: ServiceSettings, version: str)
         dir_mode="750",
         delete=True,
     )
+
+
+def _reserved_ports(config: StackConfig) -> None:
+    """The service's listening ports kept out of the kernel's ephemeral range (an outgoing connection bound to
+    one before the service starts would make it fail to listen): in a sysctl.d file the role owns, winning at boot
+    and in force now."""
+    ports = port_list(listener.port for listener in config.inference.listeners() if listener.reserved)
+    if not ports:
+        return
+    owned_file(
+        name="The service's ports reserved (sysctl.d)",
+        path=PORTS_SYSCTL_FILE,
+        content=f"# Managed by ironserve (roles/inference): the service's ports.\n{RESERVED_PORTS_KEY} = {ports}\n",
+        clear_immutable=config.clear_immutable,
+    )
+    boot_sysctls_win(
+        name="The reserved ports win at boot", own_file=PORTS_SYSCTL_FILE, sysctls={RESERVED_PORTS_KEY: ports}
+    )
+    live_sysctl(name="The service's ports reserved now", key=RESERVED_PORTS_KEY, value=ports)
 
 
 def _configure(config: StackConfig, settings: ServiceSettings) -> None:
@@ -284,6 +309,14 @@ def inference_deployable(config: StackConfig) -> None:
         (security.state_dir, security.log_dir),
         kubernetes_layout(config) if kubernetes else None,
     )
+    hardware = config.profile.hardware
+    parallel = host_settings(config).engine.tensor_parallel_size
+    if hardware is not None and parallel > hardware.serving_gpus:
+        raise ValueError(
+            f"inference_service: engine.tensor_parallel_size {parallel} is more than the {hardware.serving_gpus} "
+            f"serving GPUs of profile {config.profile.name} (vLLM would wait for GPUs that never come); accepted: "
+            f"1 to {hardware.serving_gpus}"
+        )
     problems = kubernetes_problems(config) if kubernetes else []
     if problems:
         raise ValueError("its Kubernetes objects are invalid: " + "; ".join(problems))
@@ -306,17 +339,32 @@ def inference(config: StackConfig, run: HostRun) -> None:
     if config.inference.mode == "kubernetes":
         _kubernetes_host(config, settings, version)
         return
+    _reserved_ports(config)
     _install_service(config)
     _install_model(config, settings, version)
     _configure(config, settings)
     _units(config, settings, version)
+    # The engines' drop-ins are roles/security's; these units are the role's own and take none but their file.
+    dropins = foreign_dropins_moved_aside(
+        name="No foreign drop-in on the service's units",
+        units=["etcd.service", *COMPONENTS, SERVE_UNIT],
+        own=[],
+        why="overrides a unit of the inference service (set it through inference_*)",
+    )
+    systemd.daemon_reload(name="systemd drops the foreign drop-ins", _if=dropins.did_change)
     daemon_reloaded(name="systemd runs the current unit files", units=[*COMPONENTS, SERVE_UNIT, *ENGINES])
 
     for unit in ("etcd.service", *COMPONENTS, SERVE_UNIT):
         unmasked(name=f"{unit} not masked", unit=unit)
     systemd.service(name="etcd", service="etcd.service", running=True, enabled=True)
+    systemd.service(
+        name="etcd without the foreign drop-in", service="etcd.service", restarted=True, _if=dropins.did_change
+    )
     for unit in COMPONENTS:
         systemd.service(name=unit, service=unit, running=True, enabled=True)
+        systemd.service(
+            name=f"{unit} without the foreign drop-in", service=unit, restarted=True, _if=dropins.did_change
+        )
         restarted_when_stale(
             name=f"{unit} runs its current unit and configuration",
             unit=unit,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from pyinfra.api.command import QuoteString, StringCommand
@@ -23,6 +24,30 @@ from ironserve.validators import SYSTEM_DIRS, check_model_version, check_path
 from roles.inference.facts import ModelStore, ServingStatus, StoreFilesystem, VenvPackages
 from roles.inference.render import environment_drift
 from roles.inference.settings import MODELS_ROOTS
+
+RESERVED_PORTS_KEY = "net.ipv4.ip_local_reserved_ports"
+
+
+def port_list(ports: Iterable[int]) -> str:
+    """Ports as the kernel prints net.ipv4.ip_local_reserved_ports: ascending, each run of consecutive ports as
+    `first-last`, comma-separated (so the live value compares equal to it)."""
+    runs: list[list[int]] = []
+    for port in sorted(set(ports)):
+        if runs and port == runs[-1][1] + 1:
+            runs[-1][1] = port
+        else:
+            runs.append([port, port])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
+
+
+def parse_port_list(text: str) -> set[int]:
+    """net.ipv4.ip_local_reserved_ports as the kernel prints it (`8000-8001,8080`, empty for none) -> its ports."""
+    ports: set[int] = set()
+    for item in text.strip().split(","):
+        first, _, last = item.strip().partition("-")
+        if first:
+            ports.update(range(int(first), int(last or first) + 1))
+    return ports
 
 
 def model_version_dir(models_root: str, version: str) -> str:

@@ -15,9 +15,10 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from ironserve_service.artifacts import MANIFEST_NAME, RELEASE_NAME, ArtifactError, parse_manifest
-from ironserve_service.settings import ServiceSettings
+from ironserve_service.settings import ExporterSettings, QualitySettings, ServiceSettings, SwapSettings
 from pydantic import (
     AfterValidator,
+    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -26,9 +27,10 @@ from pydantic import (
     model_validator,
 )
 
-from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
+from ironserve.config import LOCAL_PATH, Listener, RoleSettings, prefixed, shown
 from ironserve.secrets import credential_paths, credentials_refused
 from ironserve.validators import (
+    PlainHttpUrl,
     check_environment,
     check_model_version,
     check_path,
@@ -36,6 +38,7 @@ from ironserve.validators import (
     fullmatch,
     is_within,
     path_rule,
+    plain_http_refused,
     release_version,
 )
 
@@ -117,18 +120,81 @@ ROLE_OWNED = {
     ("kubernetes", "run_as_user"),
     ("kubernetes", "run_as_group"),
 }
+# Debian 12's etcd-server and prometheus listen on their upstream defaults (etcd.conf.yml.sample's
+# listen-client-urls :2379 and listen-peer-urls :2380; prometheus --web.listen-address :9090); the role keeps them.
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+PROMETHEUS_PORT = 9090
+
+
+def _fields(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    """A settings model's keys, each with the model of its nested section (None for a plain value)."""
+    nested = {}
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        nested[name] = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return nested
+
+
+def _unknown_keys(values: object, model: type[BaseModel] = ServiceSettings, path: str = "") -> list[str]:
+    """Every unknown section or key of inference_service (nested sections too), each naming the accepted ones."""
+    if not isinstance(values, dict):
+        return []  # a wrong type is the service model's to report
+    fields = _fields(model)
+    problems = []
+    for key, value in values.items():
+        if key not in fields:
+            what = f"unknown key {key!r} in section {path}" if path else f"unknown section {key!r}"
+            problems.append(f"{what}; accepted: {', '.join(sorted(fields))}")
+        elif (nested := fields[key]) is not None:
+            problems += _unknown_keys(value, nested, f"{path}.{key}" if path else key)
+    return problems
+
+
+def _value_problems(service: object) -> list[str]:
+    """Every bad value of inference_service's sections, by the service's own models (the layout the role adds is
+    checked with the whole file in check_deployable)."""
+    if not isinstance(service, dict):
+        return []
+    problems = []
+    for section, values in service.items():
+        model = _fields(ServiceSettings).get(section)
+        if model is None or not isinstance(values, dict):
+            continue
+        # engine.model_dir is the role's (the models root): a stand-in lets the section's own values be checked.
+        given = {"model_dir": "/", **values} if section == "engine" else values
+        try:
+            model.model_validate(given)
+        except ValidationError as exc:
+            for error in exc.errors():
+                if error["type"] == "extra_forbidden":
+                    continue  # _unknown_keys names it with the accepted keys
+                where = ".".join(str(part) for part in (section, *error["loc"]))
+                message = str(error["msg"]).removeprefix("Value error, ")
+                problems.append(f"{where}: {message} (got {shown(error['input'], (section, *error['loc']))})")
+    return problems
+
+
 # What kubernetes mode needs in inference_service.kubernetes: nothing on the host can supply it.
 KUBERNETES_REQUIRED = ("image",)
 
 
+LISTEN_ACCEPTED = (
+    "this host's address on the serving network, e.g. 10.0.1.11 (0.0.0.0 or :: only to listen on every interface)"
+)
+
+
 def _listen_address(value: str) -> str:
     try:
-        return str(ipaddress.ip_address(value.strip("[]")))
+        address = ipaddress.ip_address(value.strip("[]"))
     except ValueError:
-        raise ValueError(
-            "not an IP address; accepted: this host's address on the serving network, e.g. 10.0.1.11 "
-            "(0.0.0.0 or :: only to listen on every interface)"
-        ) from None
+        raise ValueError(f"not an IP address; accepted: {LISTEN_ACCEPTED}") from None
+    # A scope (fe80::1%eth0) or a link-local address reaches one link only, and Envoy's listener takes no scope.
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        raise ValueError(f"an IPv6 address with a scope (%{address.scope_id}); accepted: {LISTEN_ACCEPTED}")
+    if address.is_link_local:
+        raise ValueError(f"a link-local address: clients beyond this link cannot reach it; accepted: {LISTEN_ACCEPTED}")
+    return str(address)
 
 
 class InferenceSettings(RoleSettings):
@@ -144,6 +210,11 @@ class InferenceSettings(RoleSettings):
         "inventory load; the host keeps the model store, and no engine unit is installed.",
     )
 
+    allow_plain_http: tuple[PlainHttpUrl, ...] = Field(
+        (),
+        description="Opt-in: an http:// inference_pip_index_url, exactly as given there (pip checks every file "
+        "against the lock's hashes, but anyone on the path sees what the hosts install).",
+    )
     pip_index_url: Annotated[str, AfterValidator(_index_url)] | None = Field(
         None,
         description="PEP 503 index of the site's PyPI/PyTorch mirror (py-pip-official-index; the lab: its "
@@ -283,6 +354,14 @@ class InferenceSettings(RoleSettings):
         credentials_refused(value, PIP_CREDENTIALS)
         return value
 
+    @field_validator("pip_index_url")
+    @classmethod
+    def _plain_http_allowed(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            opens = "anyone on the path sees what the hosts install (pip still checks the lock's hashes)"
+            plain_http_refused(value, info.data.get("allow_plain_http", ()), "inference_allow_plain_http", opens)
+        return value
+
     @field_validator("service", mode="before")
     @classmethod
     def _no_service_credentials(cls, value: object) -> object:
@@ -290,6 +369,45 @@ class InferenceSettings(RoleSettings):
         if found:
             raise ValueError(f"{', '.join(found)} carries credentials; {SERVICE_CREDENTIALS}")
         return value
+
+    @field_validator("service", mode="before")
+    @classmethod
+    def _service_sections(cls, service: object) -> object:
+        problems = _unknown_keys(service) + _value_problems(service)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return service
+
+    def listeners(self) -> tuple[Listener, ...]:
+        """The host's listeners in systemd mode (in kubernetes mode they are the pods'); the role reserves each of
+        them in net.ipv4.ip_local_reserved_ports."""
+        if self.mode != "systemd":
+            return ()
+        key = "inference_service"
+        try:
+            swap = SwapSettings.model_validate(self.service.get("swap", {}))
+            exporter = ExporterSettings.model_validate(self.service.get("exporter", {}))
+            quality = QualitySettings.model_validate(self.service.get("quality", {}))
+        except ValidationError:  # check_deployable names the value; no plan is made of it
+            return ()
+        ports = [
+            Listener(swap.listen_port, f"{key}.swap.listen_port", "Envoy's listener", reserved=True),
+            Listener(swap.admin_port, f"{key}.swap.admin_port", "Envoy's admin interface", reserved=True),
+            Listener(swap.blue_port, f"{key}.swap.blue_port", "the blue engine", reserved=True),
+            Listener(swap.green_port, f"{key}.swap.green_port", "the green engine", reserved=True),
+            Listener(exporter.port, f"{key}.exporter.port", "the service's exporter", reserved=True),
+            # Debian's etcd-server listens on its defaults (the role writes no etcd configuration).
+            Listener(ETCD_CLIENT_PORT, "inference_mode", "etcd (client)", reserved=True),
+            Listener(ETCD_PEER_PORT, "inference_mode", "etcd (peer)", reserved=True),
+        ]
+        if quality.mirror_percent > 0:
+            ports.append(Listener(quality.mirror_port, f"{key}.quality.mirror_port", "the quality sink", reserved=True))
+        if self.prometheus:
+            ports.append(Listener(PROMETHEUS_PORT, "inference_prometheus", "Prometheus", reserved=True))
+        return tuple(ports)
+
+    def addresses(self) -> tuple[tuple[str, str], ...]:
+        return (("inference_listen_address", self.listen_address),) if self.listen_address else ()
 
     def version(self) -> str:
         """The version to serve: validated (YYYYMMDD-HHMMSS) at config time and again here, before any use."""

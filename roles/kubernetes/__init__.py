@@ -27,6 +27,7 @@ from ironserve.apt import (
     repository_fetched,
     unattended_blacklist,
 )
+from ironserve.dropins import foreign_dropins_moved_aside
 from ironserve.operations import service_state
 from ironserve.owned import owned_directory, owned_file
 from ironserve.run import HostRun
@@ -104,6 +105,13 @@ def cluster_layout_problems(fleet: Mapping[str, StackConfig]) -> list[str]:
             problems.append(
                 f"host {', '.join(apart)}: kubernetes_control_plane_endpoint differs from the first control plane "
                 f"{planes[0]}'s ({endpoint}); a cluster has one"
+            )
+        first = cluster[planes[0]].kubernetes
+        if len(cluster) > first.node_cidrs:
+            problems.append(
+                f"host {planes[0]}: kubernetes_pod_subnet {first.pod_subnet} has room for {first.node_cidrs} nodes at "
+                f"the node CIDR mask /{first.node_cidr_mask}, the inventory's cluster has {len(cluster)}: the rest get "
+                "no pod addresses; accepted: a larger pod subnet or a longer --node-cidr-mask-size"
             )
     return problems
 
@@ -204,16 +212,26 @@ def kubernetes(config: StackConfig, run: HostRun) -> None:
         )
 
     owned_directory(name="The kubelet's folder", path="/var/lib/kubelet", mode="700", clear_immutable=frozen)
+    # What kubeadm wrote there at init/join (its defaults: staticPodPath, clusterDNS, clientCAFile...) with the site's
+    # fields on top, the same document as the kubeadm config's: rewriting it never drops what kubeadm set.
     kubelet_config = owned_file(
-        name="kubelet config (typed; cgroup driver from containerd)",
+        name="kubelet config (kubeadm's, typed; cgroup driver from containerd)",
         path=KUBELET_CONFIG,
         content=kubelet_yaml,
         clear_immutable=frozen,
     )
+    # kubeadm's own drop-in lives in /usr/lib; one in /etc or /run (`systemctl edit`) outranks the config above.
+    dropins = foreign_dropins_moved_aside(
+        name="No foreign drop-in on the kubelet",
+        units=["kubelet.service"],
+        own=[],
+        why="overrides the kubelet's unit (set the kubelet through kubernetes_kubelet)",
+    )
+    systemd.daemon_reload(name="systemd drops the foreign kubelet drop-in", _if=dropins.did_change)
     systemd.service(
         name="Restart the kubelet for its restored config",
         service="kubelet.service",
         restarted=True,
-        _if=kubelet_config.did_change,
+        _if=any_changed(kubelet_config, dropins),
     )
     service_state(name="kubelet enabled and running", unit="kubelet.service", running=True, enabled=True)

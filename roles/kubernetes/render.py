@@ -3,10 +3,17 @@
 The kubelet's cgroup driver and runtime endpoint are derived from container_runtime's settings (one source of
 truth, as Kubespray and DeepOps derive them): a kubelet on a driver containerd does not use restarts its pods in a
 loop (kubernetes/kubernetes#110177, #43805).
+
+The KubeletConfiguration is the one kubeadm itself writes to /var/lib/kubelet/config.yaml for this cluster's
+settings (its defaults, below) with the site's fields on top: the role rewrites that file after `kubeadm init`/`join`,
+and a file of the site's fields alone would drop the control plane's static pods (staticPodPath), the pods' DNS
+(clusterDNS) and the API server's client CA (clientCAFile: `kubectl logs/exec` refused by the kubelet).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import posixpath
 from typing import Any
 
 from roles.kubernetes.models import (
@@ -28,16 +35,68 @@ def runtime_endpoint(socket: str) -> str:
     return f"unix://{socket}"
 
 
+# What kubeadm sets in every node's KubeletConfiguration: kubernetes/kubernetes cmd/kubeadm/app/componentconfigs/
+# kubelet.go, (*kubeletConfig).Default (read at commit 046d201c45cebd19eb1fc4612426761c64802825), with kubeadm's
+# constants (DefaultManifestsDir, DefaultCertificatesDir, CACertName ca.crt, KubeletHealthzPort 10248). A real
+# kubeadm-written file: tests/data/realworld/kubernetes/kubelet-config-kubeadm-1.29-node-madness-blog.txt.
+MANIFESTS_DIR = "/etc/kubernetes/manifests"
+CERTIFICATES_DIR = "/etc/kubernetes/pki"
+DNS_SERVICE_INDEX = 10  # constants.GetDNSIP: CoreDNS's Service IP, the 10th address of the service subnet
+HEALTHZ_BIND_ADDRESS = "127.0.0.1"  # kubeadm waits for the kubelet on http://127.0.0.1:10248/healthz
+HEALTHZ_PORT = 10248
+
+
+def cluster_dns(settings: KubernetesSettings) -> str:
+    """The cluster DNS Service's IP kubeadm gives CoreDNS and every kubelet: 10.96.0.0/12 -> 10.96.0.10."""
+    return str(ipaddress.ip_network(settings.service_subnet)[DNS_SERVICE_INDEX])
+
+
+def kubeadm_kubelet_defaults(settings: KubernetesSettings) -> dict[str, Any]:
+    """The fields kubeadm's Default() sets for this cluster's settings (upstream names). resolvConf is left out:
+    kubeadm sets /run/systemd/resolve/resolv.conf only where systemd-resolved runs on the node; a site with it
+    sets resolvConf in kubernetes_kubelet. readOnlyPort 0 is kubeadm's expected value (it warns on any other)."""
+    certificates = settings.cluster.certificates_dir or CERTIFICATES_DIR
+    return {
+        "authentication": {
+            "x509": {"clientCAFile": posixpath.join(certificates, "ca.crt")},
+            "webhook": {"enabled": True},
+            "anonymous": {"enabled": False},
+        },
+        "authorization": {"mode": "Webhook"},
+        "clusterDNS": [cluster_dns(settings)],
+        "clusterDomain": settings.dns_domain,
+        "staticPodPath": MANIFESTS_DIR,
+        "healthzBindAddress": HEALTHZ_BIND_ADDRESS,
+        "healthzPort": HEALTHZ_PORT,
+        "rotateCertificates": True,
+        "readOnlyPort": 0,
+    }
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, mappings merged key by key (the site's `authentication.webhook.cacheTTL` keeps
+    kubeadm's `authentication.webhook.enabled`); any other value of `over` replaces base's."""
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        merged[key] = _merged(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return merged
+
+
 def kubelet_configuration(settings: KubernetesSettings, cgroup_driver: str, socket: str) -> KubeletConfiguration:
-    """The site's kubelet fields with the driver and endpoint containerd uses (an inventory value that
-    disagrees is refused at load: roles.kubernetes.kubernetes_deployable)."""
-    fields = settings.kubelet.document()
+    """kubeadm's KubeletConfiguration for this cluster, the site's kubelet fields on top, and the driver and endpoint
+    containerd uses (an inventory value that disagrees is refused at load: roles.kubernetes.kubernetes_deployable).
+    The one rendering of both the kubeadm config's KubeletConfiguration and /var/lib/kubelet/config.yaml."""
+    fields = _merged(kubeadm_kubelet_defaults(settings), settings.kubelet.document())
     fields.update(cgroupDriver=cgroup_driver, containerRuntimeEndpoint=runtime_endpoint(socket))
     return KubeletConfiguration.model_validate(fields)
 
 
 def kubelet_configuration_yaml(settings: KubernetesSettings, cgroup_driver: str, socket: str) -> str:
-    head = "# Managed by ironserve (roles/kubernetes): cgroupDriver and containerRuntimeEndpoint from containerd.\n"
+    head = (
+        "# Managed by ironserve (roles/kubernetes): kubeadm's KubeletConfiguration for this cluster, with\n"
+        "# kubernetes_kubelet on top and cgroupDriver and containerRuntimeEndpoint from containerd.\n"
+    )
     return head + yaml_documents(kubelet_configuration(settings, cgroup_driver, socket))
 
 

@@ -36,7 +36,9 @@ from ironserve.apt import (
     unattended_blacklist,
 )
 from ironserve.aptindex import upstream
+from ironserve.dropins import foreign_dropins_moved_aside
 from ironserve.facts import ContainerKind, OsDistro
+from ironserve.modprobe import modules_not_blocked
 from ironserve.operations import line_replaced, service_state, stop_host
 from ironserve.owned import (
     DOWNLOADS,
@@ -56,6 +58,8 @@ from roles.nvidia.facts import MODULE_VERSION_COMMAND, LoadedModule, driver_rebo
 from roles.nvidia.operations import (
     NOUVEAU_BLACKLIST,
     dkms_every_kernel,
+    foreign_cuda_home_disabled,
+    foreign_sources_disabled,
     kernel_headers,
     rebuild_initramfs,
     refuse_secure_boot,
@@ -80,6 +84,8 @@ PREFERENCES = "/etc/apt/preferences.d/ironserve-nvidia.pref"
 UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51ironserve-nvidia-blacklist"
 CUDA_PROFILE = "/etc/profile.d/cuda.sh"
 PERSISTENCED_UNIT = "/etc/systemd/system/nvidia-persistenced.service"
+# The modules CUDA needs loaded (the driver and its unified-memory module); a modprobe.d rule must not keep them out.
+NVIDIA_MODULES = ("nvidia", "nvidia_uvm")
 # NVIDIA's sample unit for a runfile install (nvidia-persistenced-init in the driver's samples): the daemon forks.
 PERSISTENCED_RUNFILE_UNIT = """# Managed by ironserve (roles/nvidia): the runfile ships no unit (NVIDIA's sample)
 [Unit]
@@ -188,6 +194,12 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
     runfile = settings.driver_method == "runfile"
 
     refuse_secure_boot(name="Secure Boot gate", shim_validation_disabled=settings.shim_validation_disabled)
+    # Before the first apt command: a second source of the repository with another keyring stops them all.
+    foreign_sources_disabled(
+        name="No other apt source names the NVIDIA repository",
+        url=repository_url(settings.repo_url or "", directory),
+        own=SOURCES_LIST,
+    )
     if settings.kernel_headers:
         kernel_headers(name="Kernel headers for the running and installed kernels", driver=lock.driver)
     _repository(config, directory, locked)
@@ -203,6 +215,7 @@ def nvidia(config: StackConfig, run: HostRun) -> None:
         content="# Managed by ironserve (roles/nvidia)\nblacklist nouveau\noptions nouveau modeset=0\n",
         clear_immutable=config.clear_immutable,
     )
+    modules_not_blocked(name="No modprobe.d rule blocks the NVIDIA modules", modules=NVIDIA_MODULES)
     if settings.rebuild_initramfs:
         rebuild_initramfs(name="Rebuild the initramfs without nouveau")
     if not runfile:
@@ -291,7 +304,20 @@ def _persistenced(config: StackConfig, runfile: bool) -> None:
             path=PERSISTENCED_UNIT,
             clear_immutable=config.clear_immutable,
         )
-    systemd.daemon_reload(name="systemd reads the nvidia-persistenced unit", _if=unit.did_change)
+    dropins = foreign_dropins_moved_aside(
+        name="No foreign drop-in on nvidia-persistenced",
+        units=["nvidia-persistenced.service"],
+        own=[],
+        why="overrides nvidia-persistenced's unit (set it through nvidia_persistenced)",
+    )
+    systemd.daemon_reload(name="systemd reads the nvidia-persistenced unit", _if=any_changed(unit, dropins))
+    # pyinfra restarts it only when it runs: the daemon in force then has the unit's own options again.
+    systemd.service(
+        name="Restart nvidia-persistenced without the foreign drop-in",
+        service="nvidia-persistenced.service",
+        restarted=True,
+        _if=dropins.did_change,
+    )
     if config.nvidia.persistenced:
         unmasked(name="nvidia-persistenced not masked", unit="nvidia-persistenced.service")
         service_state(name="Enable nvidia-persistenced", unit="nvidia-persistenced.service", enabled=True, running=True)
@@ -307,6 +333,7 @@ def _cuda_home(cuda_home: str, clear_immutable: bool) -> None:
         ),
         clear_immutable=clear_immutable,
     )
+    foreign_cuda_home_disabled(name="No other shell startup file sets CUDA_HOME", own=CUDA_PROFILE, cuda_home=cuda_home)
     line_replaced(
         name="CUDA_HOME for every process (/etc/environment)",
         path="/etc/environment",

@@ -7,6 +7,8 @@
 - `LoadedModule`: the loaded nvidia kernel module's version (or none) and whether nouveau is loaded.
 - `CudaSamples`: the SHA-256 recorded when the cuda-samples source was unpacked.
 - `RunfileDriver`: the driver a runfile installed (`nvidia-installer --version`) and the options it ran with.
+- `AptSourceFiles`: the active lines of every apt source file, read by `sources_naming` for a repository's URL.
+- `CudaHomeAssignments`: the lines of the system-wide shell startup files that set CUDA_HOME.
 
 The OS (`OsDistro`) and dpkg's packages (`DpkgPackages`) are shared facts in ironserve/facts.py.
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 
 from pyinfra.api.facts import FactBase
 
+from ironserve.apt import same_repository
 from ironserve.aptindex import upstream
 from ironserve.facts import parse_dpkg_query, sections
 
@@ -376,3 +379,70 @@ def _installer_options(log: list[str]) -> list[str]:
             break
         options.append(line.strip())
     return options[1:]
+
+
+# Every file apt reads sources from (sources.list(5)): the one-line format and deb822 .sources alike.
+APT_SOURCE_GLOBS = ("/etc/apt/sources.list", "/etc/apt/sources.list.d/*.list", "/etc/apt/sources.list.d/*.sources")
+
+
+class AptSourceFiles(FactBase[dict[str, list[str]]]):
+    """The active lines (neither blank nor a comment) of every apt source file, by path."""
+
+    @staticmethod
+    def default() -> dict[str, list[str]]:
+        return {}
+
+    def command(self) -> str:
+        # Globs left unquoted so the shell expands them; one that matches nothing stays literal and -f drops it.
+        globs = " ".join(APT_SOURCE_GLOBS)
+        return f'for f in {globs}; do [ -f "$f" ] && grep -H -v -E \'^[[:space:]]*(#|$)\' "$f"; done; true'
+
+    def process(self, output: Iterable[str]) -> dict[str, list[str]]:
+        return parse_source_files(output)
+
+
+def parse_source_files(lines: Iterable[str]) -> dict[str, list[str]]:
+    """`path:line` as grep -H prints them -> path -> its lines (apt's source paths hold no colon)."""
+    files: dict[str, list[str]] = {}
+    for line in lines:
+        path, colon, text = line.partition(":")
+        if colon:
+            files.setdefault(path, []).append(text.strip())
+    return files
+
+
+def sources_naming(files: dict[str, list[str]], url: str) -> list[str]:
+    """The source files with a line naming the repository at `url`: a one-line `deb [options] URI suite` entry or
+    a deb822 `URIs:` field (any of its URIs)."""
+    wanted = same_repository(url)
+    naming = []
+    for path, lines in sorted(files.items()):
+        for line in lines:
+            fields = line.split("]", 1)[-1].split() if line.startswith(("deb ", "deb-src ")) else line.split()
+            if fields and fields[0].lower() == "uris:":
+                fields = fields[1:]
+            if any(same_repository(field) == wanted for field in fields):
+                naming.append(path)
+                break
+    return naming
+
+
+# What a login shell sources system-wide (bash, dash and sh read /etc/profile, which runs /etc/profile.d/*.sh).
+SHELL_STARTUP_GLOBS = ("/etc/profile", "/etc/bash.bashrc", "/etc/profile.d/*.sh")
+CUDA_HOME_ASSIGNMENT = r"^[[:space:]]*(export[[:space:]]+)?CUDA_HOME="
+
+
+class CudaHomeAssignments(FactBase[dict[str, list[str]]]):
+    """The lines of the system-wide shell startup files that set CUDA_HOME, by path."""
+
+    @staticmethod
+    def default() -> dict[str, list[str]]:
+        return {}
+
+    def command(self) -> str:
+        # Globs left unquoted so the shell expands them; one that matches nothing stays literal and -f drops it.
+        globs = " ".join(SHELL_STARTUP_GLOBS)
+        return f'for f in {globs}; do [ -f "$f" ] && grep -H -E \'{CUDA_HOME_ASSIGNMENT}\' "$f"; done; true'
+
+    def process(self, output: Iterable[str]) -> dict[str, list[str]]:
+        return parse_source_files(output)

@@ -6,6 +6,7 @@ import re
 import shlex
 
 from pyinfra import logger
+from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.context import host, state
 from pyinfra.facts.server import Command
 
@@ -13,11 +14,15 @@ from ironserve.apt import APT_GET, installed
 from ironserve.facts import ContainerKind, DpkgPackages
 from ironserve.lock import StackLock
 from ironserve.operations import Commands, failing
+from ironserve.owned import backed_up
 from ironserve.packages import expected_version
 from ironserve.speed.reads import Read, read, reading_operation
 from ironserve.versions import major_minor
 from roles.nvidia.facts import (
+    CUDA_HOME_ASSIGNMENT,
     MAIN_MODULE,
+    AptSourceFiles,
+    CudaHomeAssignments,
     CudaSamples,
     DkmsKernels,
     LoadedModule,
@@ -27,6 +32,7 @@ from roles.nvidia.facts import (
     StaleInitrds,
     dkms_lacking,
     driver_reboot_reason,
+    sources_naming,
     stack_problems,
 )
 
@@ -256,3 +262,40 @@ def verify_stack(driver: str, cuda: str, cudnn: str, cuda_home: str, dkms: bool)
     else:
         host.noop(f"driver {driver}, CUDA {cuda}, cuDNN {cudnn} verified")
     yield from ()
+
+
+@reading_operation(reads=lambda **_: [Read(AptSourceFiles)])
+def foreign_sources_disabled(url: str, own: str) -> Commands:
+    """Move into BACKUP_DIR every apt source file but `own` that names the repository at `url`: NVIDIA's
+    cuda-keyring package adds one with its own signed-by, and apt then refuses every command ("Conflicting values
+    set for option Signed-By"). The whole file goes (cuda-keyring's holds that one line); the report names it."""
+    foreign = [path for path in sources_naming(read(AptSourceFiles), url) if path != own]
+    if not foreign:
+        host.noop(f"no apt source but {own} names {url}")
+        return
+    for path in foreign:
+        yield from backed_up(
+            path,
+            f"also names {url}, the repository ironserve configures in {own}, with its own signed-by (apt stops "
+            "every command: Conflicting values set for option Signed-By)",
+        )
+
+
+@reading_operation(reads=lambda **_: [Read(CudaHomeAssignments)])
+def foreign_cuda_home_disabled(own: str, cuda_home: str) -> Commands:
+    """Comment out every CUDA_HOME assignment of the shell startup files but `own` (a copy of each file kept in
+    BACKUP_DIR): a later /etc/profile.d script exporting another toolkit wins over the role's. The toolkit is the
+    lock's, or nvidia_cuda_home's when a site chose another."""
+    foreign = {path: lines for path, lines in read(CudaHomeAssignments).items() if path != own}
+    if not foreign:
+        host.noop(f"no shell startup file but {own} sets CUDA_HOME")
+        return
+    for path, lines in foreign.items():
+        yield from backed_up(
+            path,
+            f"sets CUDA_HOME ({'; '.join(lines)}) over {cuda_home} (set nvidia_cuda_home instead)",
+            keep_original=True,
+        )
+        # @ delimits: the assignment holds / (a path), never @.
+        script = f"s@{CUDA_HOME_ASSIGNMENT}.*@# disabled by ironserve (nvidia_cuda_home sets it): &@"
+        yield StringCommand("sed", "-i", "-E", QuoteString(script), QuoteString(path))

@@ -11,11 +11,11 @@ import urllib.parse
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ironserve.config import LOCAL_PATH, RoleSettings, prefixed
 from ironserve.secrets import credentials_refused, private_file
-from ironserve.validators import BaseUrl, Sha256, check_binary_keyring, path_rule
+from ironserve.validators import BaseUrl, PlainHttpUrl, Sha256, check_binary_keyring, path_rule, plain_http_refused
 
 # Where CUDA toolkits live: NVIDIA's packages and runfile install under /usr/local, some sites under /opt.
 CUDA_ROOTS = ("/usr/local", "/opt")
@@ -59,11 +59,22 @@ def machine_matches(machine: str, url: str) -> bool:
     )
 
 
+PLAIN_HTTP = (
+    "anyone on the path sees what the hosts install and can hold back fixes (an older signed index) or delay a download"
+)
+
+
 class NvidiaSettings(RoleSettings):
     """Settings of roles/nvidia."""
 
     model_config = ConfigDict(alias_generator=prefixed("nvidia"))
 
+    allow_plain_http: tuple[PlainHttpUrl, ...] = Field(
+        (),
+        description="Opt-in: an http:// nvidia_repo_url, nvidia_cuda_samples_url or nvidia_runfile_base_url, exactly "
+        "as given there (apt checks the index's signature and the downloads their SHA-256, but anyone on the path sees "
+        "what the hosts install and can serve an older signed index).",
+    )
     repo_url: BaseUrl | None = Field(
         None,
         description="Base URL of NVIDIA's CUDA repositories or the site's mirror; the role appends "
@@ -160,6 +171,13 @@ class NvidiaSettings(RoleSettings):
     @classmethod
     def _no_download_credentials(cls, value: object) -> object:
         credentials_refused(value, DOWNLOAD_CREDENTIALS)
+        return value
+
+    @field_validator("repo_url", "cuda_samples_url", "runfile_base_url")
+    @classmethod
+    def _plain_http_allowed(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            plain_http_refused(value, info.data.get("allow_plain_http", ()), "nvidia_allow_plain_http", PLAIN_HTTP)
         return value
 
     @field_validator("repo_auth_file")

@@ -17,11 +17,19 @@ from pyinfra.facts.server import Groups
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
+from ironserve.dropins import foreign_dropins_moved_aside
 from ironserve.operations import Commands, failing, report
 from ironserve.owned import backed_up, owned_directory, owned_file
 from ironserve.run import HostRun
 from ironserve.speed.reads import Read, read, reading_operation
-from roles.security.facts import AccountShape, ForeignDropins, GroupNumber, PasswordState, SupplementaryGroups
+from roles.security.facts import (
+    SUDOERS,
+    AccountShape,
+    GroupNumber,
+    PasswordState,
+    SudoGrants,
+    SupplementaryGroups,
+)
 from roles.security.render import (
     DROPIN_NAME,
     SECCOMP_PROFILE,
@@ -57,18 +65,29 @@ def only_own_group(user: str) -> Commands:
         yield StringCommand("gpasswd", "--delete", QuoteString(user), QuoteString(group))
 
 
-@reading_operation(reads=lambda units, **_: [Read(ForeignDropins, {"units": units})])
-def foreign_dropins_moved_aside(units: list[str], own: list[str]) -> Commands:
-    """Move drop-ins other than `own` on the units ironserve hardens into BACKUP_DIR: a `systemctl edit`
-    override.conf (User=root), a `systemctl set-property` MemoryMax or a same-named mask outranks the role's."""
-    foreign = [path for path in read(ForeignDropins, units=units) if path not in own]
-    if not foreign:
-        host.noop("no drop-in but ironserve's on " + ", ".join(units))
+@reading_operation(reads=lambda user, group, **_: [Read(SudoGrants, {"user": user, "group": group})])
+def no_sudo_grants(user: str, group: str) -> Commands:
+    """Move every /etc/sudoers.d file that grants the service account or its group into BACKUP_DIR: sudo for the
+    account hands root to whatever the service runs. A grant in /etc/sudoers itself stops the host instead (editing
+    that file is visudo's job, one mistake locks every admin out)."""
+    grants = read(SudoGrants, user=user, group=group)
+    if not grants:
+        host.noop(f"no sudoers line grants {user} or %{group}")
         return
-    for path in foreign:
-        yield from backed_up(path, "overrides a unit ironserve hardens (set it through security_*)")
+    if SUDOERS in grants:
+        yield failing(
+            f"{SUDOERS} grants the service account sudo ({'; '.join(grants[SUDOERS])}): remove it with visudo; "
+            "the service account never gets sudo"
+        )
+        return
+    for path, lines in grants.items():
+        yield from backed_up(
+            path, f"grants the service account sudo ({'; '.join(lines)}); other lines in it are kept there"
+        )
 
 
+# A system account's uids (Debian policy 9.2.2, login.defs SYS_UID_MIN/MAX), as security_uid allows them.
+SYSTEM_UIDS = (100, 999)
 RENUMBER = "renumbering is a migration (usermod -u / groupmod -g, then chown the files): do it by hand, or set"
 
 
@@ -94,8 +113,15 @@ def service_group(group: str, gid: int | None = None) -> Commands:
 def service_account(user: str, group: str, shell: str, home: str, uid: int | None = None) -> Commands:
     """A system account with this primary group, shell and home (never created: the service writes its state
     there), and `uid` when given: pyinfra's server.user, run only when the account differs; one with another
-    uid stops the host. Other groups: only_own_group."""
+    uid, or a uid outside the system range, stops the host. Other groups: only_own_group."""
     existing = read(AccountShape, user=user)
+    if existing and not SYSTEM_UIDS[0] <= existing.uid <= SYSTEM_UIDS[1]:
+        yield failing(
+            f"account {user} is uid {existing.uid}, outside the system range {SYSTEM_UIDS[0]}-{SYSTEM_UIDS[1]} "
+            f"(`usermod -u`?): renumbering is a migration (usermod -u / groupmod -g, then chown the files): "
+            f"do it by hand back to a system uid (security_uid pins which)"
+        )
+        return
     if existing and uid is not None and existing.uid != uid:
         shown = f"account {user} is uid {existing.uid}, security_uid is {uid}"
         yield failing(f"{shown}: {RENUMBER} security_uid {existing.uid}")
@@ -124,6 +150,7 @@ def security(config: StackConfig, run: HostRun) -> None:
     )
     locked_password(name="Service account password locked", user=settings.user)
     only_own_group(name="Service account in no other group", user=settings.user)
+    no_sudo_grants(name="Service account without sudo", user=settings.user, group=settings.group)
     frozen = config.clear_immutable
 
     # Least privilege: the service reads models it cannot change, and owns only its state and logs.
@@ -162,6 +189,7 @@ def security(config: StackConfig, run: HostRun) -> None:
             name="No foreign drop-in on the hardened units",
             units=[settings.slice, *settings.service_units],
             own=[f"/etc/systemd/system/{unit}.d/{DROPIN_NAME}" for unit in settings.service_units],
+            why="overrides a unit ironserve hardens (set it through security_*)",
         )
     )
     systemd.daemon_reload(name="Reload systemd units", _if=any_changed(*changes))

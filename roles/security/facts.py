@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -80,42 +81,33 @@ class GroupNumber(FactBase[int | None]):
         return int(lines[0]) if lines else None
 
 
-# Where an admin's tools put drop-ins that outrank a unit's own (systemd.unit(5), "Unit File Load Path"):
-# `systemctl set-property` (system.control), `systemctl edit` (/etc/systemd/system), and their --runtime forms.
-DROPIN_ROOTS = (
-    "/etc/systemd/system.control",
-    "/run/systemd/system.control",
-    "/etc/systemd/system",
-    "/run/systemd/system",
-)
+SUDOERS = "/etc/sudoers"
+SUDOERS_DIR = "/etc/sudoers.d"
 
 
-def dropin_dir_names(unit: str) -> list[str]:
-    """The names (shell globs) of the drop-in directories that apply to `unit`: its own, its instances' for a
-    template, and each dash prefix's (`ai-.service.d` applies to every ai-* service; systemd.unit(5))."""
-    stem, _, kind = unit.rpartition(".")
-    names = [unit, *([unit.replace("@.", "@*.")] if "@." in unit else [])]
-    parts = stem.split("-")
-    names += [f"{'-'.join(parts[:i])}-.{kind}" for i in range(len(parts) - 1, 0, -1)]
-    return [f"{name}.d" for name in names]
-
-
-def dropin_dirs(unit: str) -> list[str]:
-    """The admin-writable drop-in directories (shell globs) that apply to `unit`."""
-    return [f"{root}/{name}" for root in DROPIN_ROOTS for name in dropin_dir_names(unit)]
-
-
-class ForeignDropins(FactBase[list[str]]):
-    """Every drop-in file in the admin-writable directories that apply to `units` (the caller knows its own)."""
+class SudoGrants(FactBase[dict[str, list[str]]]):
+    """The sudoers lines that grant `user` or its group (`user ...`, `%group ...`), by file: /etc/sudoers and each
+    file of /etc/sudoers.d that sudo reads (its names without a dot or a trailing ~, sudoers(5)); empty without
+    sudo's files."""
 
     @staticmethod
-    def default() -> list[str]:
-        return []
+    def default() -> dict[str, list[str]]:
+        return {}
 
-    def command(self, units: Iterable[str]) -> str:
-        globs = " ".join(f"{directory}/*.conf" for unit in units for directory in dropin_dirs(unit))
-        # A glob that matches nothing stays literal; -e drops it. Names are validated unit names (no spaces).
-        return f'for f in {globs}; do [ -e "$f" ] || [ -L "$f" ] && echo "$f"; done; true'
+    def command(self, user: str, group: str) -> str:
+        # ERE specials escaped; `-` stays bare (grep 3.8 warns of a stray backslash before it).
+        who = "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", name) for name in (user, f"%{group}"))
+        pattern = shlex.quote(f"^[[:space:]]*({who})[[:space:]]")
+        return (
+            f'for f in {SUDOERS} {SUDOERS_DIR}/*; do case "${{f##*/}}" in *.*|*~) '
+            f'[ "$f" = {SUDOERS} ] || continue;; esac; '
+            f'[ -f "$f" ] && grep -H -E {pattern} "$f"; done; true'
+        )
 
-    def process(self, output: Iterable[str]) -> list[str]:
-        return sorted({line.strip() for line in output if line.strip()})
+    def process(self, output: Iterable[str]) -> dict[str, list[str]]:
+        grants: dict[str, list[str]] = {}
+        for line in output:
+            path, colon, text = line.partition(":")
+            if colon:
+                grants.setdefault(path, []).append(text.strip())
+        return grants

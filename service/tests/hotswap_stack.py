@@ -210,7 +210,9 @@ def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s:
             "model_dir": str(models / "v1"), "served_model_name": "qwen2-7b", "max_model_len": 16384,
             "max_num_seqs": 8, "tensor_parallel_size": 1, "enforce_eager": True, "engine_python": str(engine_python),
         },
-        "readiness": {"startup_timeout_s": 240, "poll_interval_s": 0.5, "drain_timeout_s": 20},
+        # A start at half the serving colour's CPU share (swap.cpu_share) took 358 s under 50 streaming clients on a
+        # shared 2-core host (benchmarks/hot_swap.py, issue 33).
+        "readiness": {"startup_timeout_s": 600, "poll_interval_s": 0.5, "drain_timeout_s": 20},
         "exporter": {"port": free_port()},
         "quality": {"mirror_port": free_port(), "semantic_scorer": "none", "mirror_percent": 2},
         # This machine: no GPU, no container runtime, processes run as root.
@@ -221,7 +223,7 @@ def build_stack(work: Path, tiny_model: Path, engine_python: Path, drain_idle_s:
             "model_name": "qwen2-7b", "etcd_url": f"http://127.0.0.1:{etcd_port}", "models_root": str(models),
             "run_dir": str(work / "run"), "router_dir": str(work / "envoy"), "blue_port": free_port(),
             "green_port": free_port(), "listen_port": free_port(), "admin_port": free_port(),
-            "drain_idle_s": drain_idle_s, "ready_timeout_s": 240, "switch_timeout_s": 10, "poll_interval_s": 0.2,
+            "drain_idle_s": drain_idle_s, "ready_timeout_s": 600, "switch_timeout_s": 10, "poll_interval_s": 0.2,
         },
     }))  # fmt: skip
     return Stack(work, config, load_settings(config), etcd_port, logs, nice=nice)
@@ -379,10 +381,12 @@ async def async_sdk_request(client: openai.AsyncOpenAI, streaming: bool, protoco
 @dataclass
 class Load:
     """`clients` threads driving the official openai SDK through Envoy: sync and async, HTTP/1.1 and h2c
-    (SDK_MODES in turn), each alternating streaming and non-streaming, one keep-alive client each."""
+    (SDK_MODES in turn), each alternating streaming and non-streaming (only streaming with `streaming_only`), one
+    keep-alive client each."""
 
     listener: str
     clients: int = 16
+    streaming_only: bool = False
     think_s: float = 0.5
     max_requests_per_client: int = 5000
     max_s: float = 600
@@ -395,6 +399,9 @@ class Load:
         with self.lock:
             self.outcomes.append(outcome)
 
+    def _streaming(self, index: int, count: int) -> bool:
+        return self.streaming_only or (count + index) % 2 == 0
+
     def _client(self, index: int) -> None:
         flavour, protocol = SDK_MODES[index % len(SDK_MODES)]
         if flavour == "async":
@@ -405,7 +412,7 @@ class Load:
             for count in range(self.max_requests_per_client):
                 if self.stop_event.is_set() or time.monotonic() > deadline:
                     return
-                self._record(sdk_request(client, (count + index) % 2 == 0, protocol))
+                self._record(sdk_request(client, self._streaming(index, count), protocol))
                 self.stop_event.wait(self.think_s)
 
     async def _async_client(self, index: int, protocol: str) -> None:
@@ -414,7 +421,7 @@ class Load:
             for count in range(self.max_requests_per_client):
                 if self.stop_event.is_set() or time.monotonic() > deadline:
                     return
-                self._record(await async_sdk_request(client, (count + index) % 2 == 0, protocol))
+                self._record(await async_sdk_request(client, self._streaming(index, count), protocol))
                 await asyncio.sleep(self.think_s)
 
     def start(self) -> Load:

@@ -403,7 +403,12 @@ def test_500_concurrent_h2c_streams_on_one_connection_complete(stack: Stack) -> 
     "hot-swap-switch-latency",
 )
 def test_swaps_under_load_fail_no_request(stack: Stack, prometheus: str) -> None:
-    load = Load(stack.url(""), clients=16, max_s=300).start()
+    """32 clients that only stream (issue 33's 503s came at 50, none at 16) and 4 that alternate with plain
+    requests, through three swaps: no request fails, and the engines never close a connection Envoy holds."""
+    admin = EnvoyAdmin(stack.settings.swap.admin_port)
+    closed = {colour: admin.counter(f"cluster.{colour}.upstream_cx_destroy_remote") for colour in COLOURS}
+    load = Load(stack.url(""), clients=32, streaming_only=True, max_s=1800).start()
+    plain = Load(stack.url(""), clients=4, max_s=1800).start()
     results = []
     try:
         for version in ("v2", "v1", "v2"):
@@ -427,9 +432,11 @@ def test_swaps_under_load_fail_no_request(stack: Stack, prometheus: str) -> None
             assert_observers_follow(stack, prometheus, result.colour, version)
             results.append(result)
     finally:
-        outcomes = load.stop()
+        outcomes = load.stop() + plain.stop()
     bad = failures(outcomes)
     assert not bad, f"{len(bad)} of {len(outcomes)} failed: {bad[:5]}"
+    # Only Envoy closes idle upstream connections (launcher.ENGINE_KEEP_ALIVE_S): none was lost under a request.
+    assert {c: admin.counter(f"cluster.{c}.upstream_cx_destroy_remote") for c in COLOURS} == closed
     assert {o.colour for o in outcomes} == {"blue", "green"}
     assert {(o.protocol, o.streaming) for o in outcomes} == {(p, s) for p in ("http/1.1", "h2c") for s in (True, False)}
     # Envoy mirrored part of the load to the exporter's sink (quality.mirror_percent, 2 %).

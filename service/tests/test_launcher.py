@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ironserve_service import health, launcher
+from ironserve_service import health, launcher, router
 from ironserve_service.settings import EngineSettings, ReadinessSettings, ServiceSettings, SloSettings
 
 
@@ -50,6 +50,39 @@ def test_command_line_from_settings(tmp_path: Path) -> None:
         EngineSettings(model_dir=Path("/m"), extra_args=["--cpu-offload-gb", "4"])
 
 
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--cpu-offload-gb=4"], "CPU offload is not allowed"),
+        (["--cpu_offload_gb", "4"], "CPU offload is not allowed"),  # vLLM reads underscores as dashes
+        (["--cpu-offload", "4"], "CPU offload is not allowed"),  # argparse takes an unambiguous prefix
+        (["--kv-offloading-size=8"], "CPU offload is not allowed"),
+        (["--config", "/tmp/flags.yaml"], "config file"),
+        (["--port=9000"], "engine.port"),
+        (["--host", "0.0.0.0"], "engine.host"),
+        (["-tp", "8"], "engine.tensor_parallel_size"),
+        (["--max-num-seqs 64"], "not one flag"),
+    ],
+)
+def test_extra_args_are_read_as_vllms_command_line(args: list[str], words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        EngineSettings(model_dir=Path("/m"), extra_args=args)
+    assert EngineSettings(model_dir=Path("/m"), extra_args=["--enable-prefix-caching", "--swap-space", "4"])
+
+
+@pytest.mark.parametrize("field", ["max_num_seqs", "port", "gpu_memory_utilization"])
+def test_a_boolean_is_not_a_number(field: str) -> None:
+    with pytest.raises(ValidationError, match="a boolean is not a number"):
+        EngineSettings.model_validate({"model_dir": "/m", field: True})
+
+
+@pytest.mark.parametrize("window", ["1 minute", "5m]", "0m", "1.5h", "5m30h", ""])
+def test_slo_windows_are_prometheus_durations(window: str) -> None:
+    with pytest.raises(ValidationError, match="not a Prometheus duration"):
+        SloSettings(fast_window=window)
+    assert SloSettings(fast_window="1h30m", slo_window="500ms").fast_window == "1h30m"
+
+
 @pytest.mark.invariant("slo-p95-latency", "obs-http-metric-names")
 def test_latency_buckets_have_slo_boundaries(tmp_path: Path) -> None:
     command = launcher.build_command(settings(tmp_path), Path("python"))
@@ -76,6 +109,14 @@ def test_cuda_graph_sizes_are_batch_sizes(tmp_path: Path) -> None:
 def test_engine_environment_is_offline() -> None:
     env = launcher.engine_environment({"PATH": "/bin"}, {"VLLM_CPU_KVCACHE_SPACE": "1"})
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["PATH"] == "/bin"
+
+
+def test_the_engine_keeps_idle_connections_well_past_envoys_idle_timeout() -> None:
+    """Only Envoy closes an idle upstream connection (issue 33): the engine's keep-alive, even inherited lower from
+    the unit's environment, is a minute against Envoy's 4 s."""
+    env = launcher.engine_environment({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "5"}, {})
+    assert int(env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) == launcher.ENGINE_KEEP_ALIVE_S == 60
+    assert launcher.ENGINE_KEEP_ALIVE_S > 10 * router.UPSTREAM_IDLE_TIMEOUT_S
 
 
 def fake_engine(tmp_path: Path, script: str) -> Path:

@@ -54,12 +54,20 @@ def test_routes_only_the_api_and_health_to_the_active_colour(tmp_path: Path) -> 
     action = {"cluster": "green", "timeout": "0s", "retry_policy": router.RETRY_POLICY}
     paths = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"]
     assert matches[:4] == [({"path": path}, action, False) for path in paths]
-    assert router.RETRY_POLICY["retry_on"] == "connect-failure,reset,refused-stream"
+    # Only what never reached the engine is retried, never a request it may be generating for.
+    assert router.RETRY_POLICY["retry_on"] == "connect-failure,refused-stream,reset-before-request"
     # Everything else (vLLM's /metrics, /v1/load_lora_adapter, /reset_prefix_cache) never reaches an engine.
     assert matches[4] == ({"prefix": "/"}, None, True) and len(matches) == 5
-    for served in host["routes"][:4]:  # on each route, not the virtual host (see router._x_env_routes)
-        headers = {h["header"]["key"]: h["header"]["value"] for h in served["response_headers_to_add"]}
+    for served in host["routes"][:4]:  # the upstream filter's config on each route: engine answers only
+        assert "response_headers_to_add" not in served
+        added = served["typed_per_filter_config"][router.ANSWER_HEADERS_FILTER]["mutations"]["response_mutations"]
+        headers = {a["append"]["header"]["key"]: a["append"]["header"]["value"] for a in added}
         assert headers == {"x-ironserve-colour": "green", "x-backend": "qwen2-7b-v2:8001"}
+    for cluster in router.clusters(swap)["resources"]:
+        options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        assert [f["name"] for f in options["http_filters"]] == [router.ANSWER_HEADERS_FILTER,
+                                                                "envoy.filters.http.upstream_codec"]  # fmt: skip
+        assert cluster["circuit_breakers"]["thresholds"][0]["retry_budget"] == router.RETRY_BUDGET
     idle = router.routes(swap, None, None, 0)["resources"][0]["virtual_hosts"][0]["routes"]
     assert all(r["direct_response"]["status"] in (503, 404) for r in idle)
 

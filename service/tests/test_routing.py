@@ -423,6 +423,39 @@ def curl(url: str, key: str | None, http2: bool) -> tuple[int, str]:
     return int(status), version
 
 
+def curl_headers(url: str, key: str | None, http2: bool, env: str | None = None) -> tuple[int, dict[str, str]]:
+    """Status and response headers (lower-case names) from curl, HTTP/1.1 or h2c by prior knowledge."""
+    command = ["curl", "-sS", "-o", "/dev/null", "-D", "-", "--max-time", "10", url]
+    command[1:1] = ["--http2-prior-knowledge"] if http2 else []
+    command[1:1] = ["-H", f"Authorization: Bearer {key}"] if key is not None else []
+    command[1:1] = ["-H", f"X-Env: {env}"] if env is not None else []
+    status, *lines = subprocess.run(command, capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+    headers = dict(line.split(": ", 1) for line in lines if ": " in line)
+    return int(status.split()[1]), {name.lower(): value for name, value in headers.items()}
+
+
+def test_colour_headers_only_on_answers_to_a_client_with_a_key(tmp_path: Path) -> None:
+    """A 401 (no key, a wrong key) tells nothing of the colour or the backend, on prod and on the X-Env routes;
+    an engine's answer to a client with a key carries both (issue 33)."""
+    keys_file = tmp_path / "api-keys"
+    key = "k" * 32
+    keys_file.write_text(f"alice {key}\n")
+    with routing_stack(tmp_path, configured=True, api_keys_file=keys_file) as stack:
+        router.write_route(stack.swap.router_dir / router.RDS_FILE,
+                           router.routes(stack.swap, "blue", "v1", 1, api_keys=[("alice", key)]))  # fmt: skip
+        assert wait_for(lambda: stack.admin.route_version() == "1:blue:v1", 10, 0.05)
+        url = f"http://127.0.0.1:{stack.swap.listen_port}/v1/models"
+        internals = {router.COLOUR_HEADER, router.BACKEND_HEADER}
+        for http2 in (False, True):
+            for env, colours in ((None, {"blue"}), ("staging", {"staging"}), ("canary", {"canary", "blue"})):
+                for refused in (None, "wrong" * 8):
+                    status, headers = curl_headers(url, refused, http2, env)
+                    assert status == 401 and not internals & headers.keys(), (http2, env, headers)
+                status, headers = curl_headers(url, key, http2, env)
+                assert status == 200 and headers.get(router.COLOUR_HEADER) in colours, (http2, env, headers)
+                assert router.BACKEND_HEADER in headers
+
+
 @pytest.mark.invariant("route-header-map")
 def test_only_clients_with_a_key_reach_an_engine_and_keys_rotate_without_a_restart(tmp_path: Path) -> None:
     keys_file = tmp_path / "api-keys"

@@ -50,6 +50,9 @@ POD_SYSCTLS = "/etc/sysctl.d/91-ironserve-containers.conf"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 NVIDIA_CLI = "/etc/nvidia-container-runtime/config.toml"
 CUDA_HOME = "/usr/local/cuda-11.8"
+CUDA_KEYRING_LIST = "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
+CONTAINERD_OVERRIDE = "/etc/systemd/system/containerd.service.d/override.conf"
+MODULES_LOAD = "/etc/modules-load.d/ironserve-containers.conf"
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Drift:
     gate: str  # the gate test (part of its name) that fails while the drift is there
     restored: str = "true"  # shell that exits 0 once the deploy restored it, besides the saved paths
     saved: tuple[str, ...] = ()  # paths whose content, mode and owner must come back as they were
+    said: str = ""  # what the deploy's output must say of it (the file it names), besides restoring it
 
 
 def same_as_saved(path: str) -> str:
@@ -362,6 +366,93 @@ ROUNDS: dict[str, tuple[tuple[Drift, ...], tuple[Drift, ...]]] = {
             ),
         ),
     ),
+    "an-admins-hand": (
+        (
+            Drift(
+                "cuda-keyring-second-source",
+                # What NVIDIA's cuda-keyring package adds: the same repository, signed by another keyring file.
+                f"url=$(sed -n 's/^deb \\[[^]]*\\] \\([^ ]*\\) .*/\\1/p' {SOURCES_LIST}) && [ -n \"$url\" ] && "
+                f"cp {KEYRING} /usr/share/keyrings/cuda-archive-keyring.gpg && "
+                f'echo "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] $url /" > {CUDA_KEYRING_LIST} && '
+                "! apt-cache policy >/dev/null 2>&1",
+                "test_no_other_apt_source_names_the_repository",
+                f"[ ! -e {CUDA_KEYRING_LIST} ] && [ -f /var/backups/ironserve{CUDA_KEYRING_LIST} ] && "
+                "apt-cache policy >/dev/null 2>&1",
+                said=CUDA_KEYRING_LIST,
+            ),
+            Drift(
+                "containerd-started-with-another-config",
+                f"sed 's/SystemdCgroup = true/SystemdCgroup = false/' {CONTAINERD_CONFIG} "
+                "> /etc/containerd/other.toml && "
+                "mkdir -p /etc/systemd/system/containerd.service.d && "
+                "printf '[Service]\\nExecStart=\\nExecStart=%s --config /etc/containerd/other.toml\\n' "
+                f'"$(command -v containerd)" > {CONTAINERD_OVERRIDE} && '
+                "systemctl daemon-reload && systemctl restart containerd",
+                "test_running_containerd_was_started_with_the_managed_config",
+                f"[ ! -e {CONTAINERD_OVERRIDE} ] && systemctl is-active -q containerd && "
+                "! tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value containerd)/cmdline | grep -q other.toml",
+                said=CONTAINERD_OVERRIDE,
+            ),
+            Drift(
+                "later-profile-script-exports-another-cuda-home",
+                "printf 'export CUDA_HOME=/usr/local/cuda-12.0\\nexport PATH=$CUDA_HOME/bin:$PATH\\n' "
+                "> /etc/profile.d/zz-cuda12.sh",
+                "test_cuda_home_is_set_system_wide",
+                f"[ \"$(bash -lc 'echo $CUDA_HOME')\" = {CUDA_HOME} ] && "
+                "[ -f /var/backups/ironserve/etc/profile.d/zz-cuda12.sh ]",
+                said="/etc/profile.d/zz-cuda12.sh",
+            ),
+            Drift(
+                "containerd-config-world-writable",
+                f"chown nobody:nogroup {CONTAINERD_CONFIG} && chmod 0666 {CONTAINERD_CONFIG}",
+                "test_files_deciding_what_runs_as_root_are_root_only",
+                saved=(CONTAINERD_CONFIG,),
+            ),
+        ),
+        (
+            Drift(
+                "nvidia-pin-file-world-writable",
+                f"chmod 0666 {PREFERENCES}",
+                "test_files_deciding_what_runs_as_root_are_root_only",
+                saved=(PREFERENCES,),
+            ),
+            Drift(
+                "nvidia-source-owned-by-nobody",
+                f"chown nobody {SOURCES_LIST}",
+                "test_files_deciding_what_runs_as_root_are_root_only",
+                saved=(SOURCES_LIST,),
+            ),
+            Drift(
+                "sysctl-file-group-writable",
+                f"chmod 0664 {SYSCTLS}",
+                "test_files_deciding_what_runs_as_root_are_root_only",
+                saved=(SYSCTLS,),
+            ),
+            Drift(
+                "modprobe-blocks-the-nvidia-modules",
+                "printf 'blacklist nvidia\\ninstall nvidia /bin/false\\nblacklist nvidia_uvm\\n"
+                "install nvidia-uvm /bin/false\\n' > /etc/modprobe.d/zz-no-gpu.conf",
+                "test_no_modprobe_rule_blocks_an_nvidia_module",
+                "! modprobe --showconfig | grep -qE '^(blacklist nvidia|install nvidia[-_a-z]* /bin/false)' && "
+                "[ -f /var/backups/ironserve/etc/modprobe.d/zz-no-gpu.conf ]",
+                said="/etc/modprobe.d/zz-no-gpu.conf",
+            ),
+            Drift(
+                "modprobe-blocks-the-container-modules",
+                "printf 'install br_netfilter /bin/false\\nblacklist overlay\\n' > /etc/modprobe.d/hardening.conf",
+                "test_no_modprobe_rule_blocks_a_container_module",
+                "! modprobe --showconfig | grep -qE '^(install br_netfilter|blacklist overlay)' && "
+                "[ -f /var/backups/ironserve/etc/modprobe.d/hardening.conf ]",
+                said="/etc/modprobe.d/hardening.conf",
+            ),
+            Drift(
+                "modules-load-file-world-writable",
+                f"chmod 0666 {MODULES_LOAD}",
+                "test_files_deciding_what_runs_as_root_are_root_only",
+                saved=(MODULES_LOAD,),
+            ),
+        ),
+    ),
 }
 DRIFTS = [
     (name, index, drift) for name, pair in ROUNDS.items() for index, drifts in enumerate(pair) for drift in drifts
@@ -427,6 +518,7 @@ def test_drift_named_by_the_gate_restored_by_the_deploy(
     named = [line for line in result.gate_failures if drift.gate in line and on_host.search(line)]
     assert named, f"the gate did not name {drift.name} on {host} with {drift.gate}: {result.gate_failures}"
     assert result.deployed.returncode == 0, result.deployed.output[-8000:]
+    assert drift.said in result.deployed.output, f"the deploy did not name {drift.said}"
     rc, output = result.restored[drift.name]
     assert rc == 0, f"{drift.name} not restored on {host}: {output}\n{result.deployed.output[-8000:]}"
     assert (result.again.returncode, result.again.changed) == (0, 0), result.again.output[-8000:]
@@ -493,6 +585,25 @@ def test_a_site_pin_above_the_lock_stops_its_host_naming_the_setting(hosts: list
     assert (again.returncode, again.changed) == (0, 0), again.output[-8000:]
 
 
+def test_a_service_account_renumbered_outside_the_system_range_stops_its_host(hosts: list[LabHost]) -> None:
+    """An admin runs `usermod -u 1500` on the service account: renumbering back is a migration (files, pods running
+    as the number), so the deploy stops that host naming it rather than renumbering behind the admin's back."""
+    host, user = hosts[1], CONFIG.security.user
+    uid = remote.run(host, f"id -u {user}").strip()
+    remote.run(host, f"usermod -u 1500 {user}")
+    try:
+        gate = verify([host], "-q", "-rfE", roles=("security",))
+        assert "test_service_user_is_a_system_account_without_login" in gate.stdout, gate.stdout[-4000:]
+        refused = deploy([host], roles=HOST_ROLES)
+        assert refused.returncode != 0
+        assert f"account {user} is uid 1500, outside the system range" in refused.output, refused.output[-8000:]
+        assert "security_uid" in refused.output and "Traceback" not in refused.output
+    finally:
+        remote.run(host, f"usermod -u {uid} {user}")
+    again = deploy([host], roles=HOST_ROLES)
+    assert (again.returncode, again.changed) == (0, 0), again.output[-8000:]
+
+
 def _idrac(host: LabHost, method: str, path: str, body: dict[str, object]) -> None:
     """A request to the host's (simulated) iDRAC as an admin's browser makes it, with the lab's credentials."""
     user, _, password = (lab_dir() / "redfish-credentials").read_text().strip().partition(":")
@@ -539,10 +650,8 @@ def test_a_bios_setting_changed_in_the_idrac_is_named_then_restored_by_apply(
     assert verify([host], "-q", "-rfE", roles=("preflight",)).returncode == 0
 
 
-def test_a_deploy_waits_for_the_apt_an_interrupted_run_left_and_completes(hosts: list[LabHost]) -> None:
-    """The SSH session of an earlier run drops while its apt runs: that apt goes on holding dpkg's lock."""
-    host = hosts[0]
-    remote.run(host, f"rm {CUDA_HOME}/bin/nvcc")  # the next deploy must reinstall a package, so it needs the lock
+def _orphan_apt(host: LabHost) -> None:
+    """An apt-get whose SSH session dropped: it goes on holding dpkg's lock for about 40 s."""
     orphan = subprocess.Popen(
         [
             *remote.ssh_argv(host),
@@ -557,10 +666,27 @@ def test_a_deploy_waits_for_the_apt_an_interrupted_run_left_and_completes(hosts:
     orphan.kill()  # the admin's laptop lost the connection; the remote apt keeps running
     orphan.wait()
     assert remote.run(host, "pgrep -x apt-get || true").strip(), "the orphaned apt-get should still run"
+
+
+def test_a_deploy_waits_for_the_apt_an_interrupted_run_left_and_completes(hosts: list[LabHost]) -> None:
+    """The SSH session of an earlier run drops while its apt runs: that apt goes on holding dpkg's lock. The
+    deploy's apt-get waits for it, and so does the hold step (apt-mark through dpkg, which does not wait itself)."""
+    host = hosts[0]
+    remote.run(host, f"rm {CUDA_HOME}/bin/nvcc")  # the next deploy must reinstall a package, so it needs the lock
+    _orphan_apt(host)
     started = time.monotonic()
     result = deploy([host], roles=HOST_ROLES)
     assert result.returncode == 0, result.output[-8000:]
     assert time.monotonic() - started > 20  # it waited for the lock rather than failing on it
     assert remote.run(host, f"[ -x {CUDA_HOME}/bin/nvcc ] && echo ok").strip() == "ok"
+    assert re.search(r"Setting up containerd", remote.run(host, "cat /root/orphan-apt.log"))
+    # Only a hold is missing now: the first step that needs dpkg's lock is apt-mark hold.
+    remote.run(host, "apt-mark unhold containerd")
+    _orphan_apt(host)
+    started = time.monotonic()
+    result = deploy([host], roles=HOST_ROLES)
+    assert result.returncode == 0, result.output[-8000:]
+    assert time.monotonic() - started > 20
+    assert "containerd" in remote.run(host, "apt-mark showhold").split()
     assert re.search(r"Setting up containerd", remote.run(host, "cat /root/orphan-apt.log"))
     assert deploy([host], roles=HOST_ROLES).changed == 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import json
+import posixpath
+import shlex
 import subprocess
 import sys
 import threading
@@ -21,13 +23,17 @@ from typing import Any
 
 import pytest
 
+from ironserve.owned import backup_path
 from ironserve.validators import release_version
 from ironserve_lab import remote
 from ironserve_lab.demo import api_key, chat_completion, listener_url
 from ironserve_lab.deploying import DeployResult, deploy, verify
-from ironserve_lab.inference import ENGINE_ENVIRONMENT, model_versions
+from ironserve_lab.inference import ENGINE_ENVIRONMENT, inventory_data, model_versions
 from ironserve_lab.state import LabHost
 from roles import stack_config
+from roles.inference import PORTS_SYSCTL_FILE
+from roles.inference.operations import model_version_dir, parse_port_list
+from roles.inference.render_kubernetes import host_settings
 from roles.inference.settings import CONFIG_PATH
 from tests.lab.conftest import lab_containers
 
@@ -147,6 +153,65 @@ def test_drift_is_put_back_then_zero_changes(served: LabHost) -> None:
     again = _deployed(deploy([served], roles=ROLES))
     assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
     assert complete(served)[0] == 200
+
+
+def test_damaged_weights_unreserved_ports_and_an_etcd_drop_in_are_named_then_restored_in_one_deploy(
+    served: LabHost,
+) -> None:
+    """One round of three drifts, as an admin makes them: a file of the served version truncated, the service's
+    ports no longer reserved (live value emptied and the sysctl.d file deleted), a `systemctl edit`-style drop-in
+    on etcd.service. The gate names each; one deploy restores all three, checked on the host; the next deploy
+    changes nothing; the gate passes."""
+    config = stack_config("lab", inventory_data())  # the default inventory's version: the one this test deploys
+    source = config.inference.model_source
+    assert source is not None
+    damaged = "config.json"
+    served_file = f"{model_version_dir(str(host_settings(config).swap.models_root), config.inference.version())}/"
+    served_file += damaged
+    override = "/etc/systemd/system/etcd.service.d/override.conf"
+    wanted = {listener.port for listener in config.inference.listeners() if listener.reserved}
+    sealed = remote.run(served, f"sha256sum {shlex.quote(served_file)}").split()[0]
+    started = time.monotonic()
+    remote.run(
+        served,
+        f"truncate -s 100 {shlex.quote(served_file)} && "
+        f"sysctl -qw net.ipv4.ip_local_reserved_ports= && rm {PORTS_SYSCTL_FILE} && "
+        f"mkdir -p {posixpath.dirname(override)} && "
+        f"printf '[Service]\\nEnvironment=IRONSERVE_DRIFT=admin-override\\n' > {override} && systemctl daemon-reload",
+    )
+    assert "IRONSERVE_DRIFT=admin-override" in remote.run(served, "systemctl show -p Environment --value etcd.service")
+
+    gate = verify([served], "-q", "-rfE", roles=ROLES)
+    failed = [line for line in gate.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    print("gate with the drifts:", *failed, sep="\n  ")
+    assert gate.returncode != 0
+    for test in (
+        "test_the_served_versions_files_match_its_sealed_manifest",
+        "test_the_services_ports_are_reserved_from_ephemeral_use",
+        "test_no_admin_drop_in_overrides_a_service_unit",
+    ):
+        assert any(test in line and served.name in line for line in failed), (test, failed, gate.stdout[-4000:])
+    assert any("drop_in" in line and "etcd.service" in line for line in failed), failed
+
+    restored = _deployed(deploy([served], roles=ROLES))
+    assert override in restored.output, restored.output[-6000:]  # the deploy names what it moved aside
+    assert remote.run(served, f"sha256sum {shlex.quote(served_file)}").split()[0] == sealed
+    in_force = parse_port_list(remote.run(served, "cat /proc/sys/net/ipv4/ip_local_reserved_ports"))
+    assert sorted(wanted - in_force) == [], in_force
+    assert remote.run(served, f"[ -f {PORTS_SYSCTL_FILE} ] && echo present").strip() == "present"
+    assert remote.run(served, f"[ -e {override} ] || echo gone; cat {backup_path(override)}").startswith(
+        "gone\n[Service]"
+    )
+    shown = remote.run(served, "systemctl show -p DropInPaths,Environment etcd.service")
+    assert override not in shown and "IRONSERVE_DRIFT" not in shown, shown
+    assert remote.run(served, "systemctl is-active etcd.service").strip() == "active"
+
+    again = _deployed(deploy([served], roles=ROLES))
+    assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
+    after = verify([served], "-q", "-rfE", roles=ROLES)
+    assert after.returncode == 0, after.stdout[-6000:] + after.stderr[-2000:]
+    assert complete(served)[0] == 200
+    print(f"three drifts named, restored, re-deployed and gated: {time.monotonic() - started:.1f} s")
 
 
 def test_a_sigkilled_engine_is_restarted_by_its_unit(served: LabHost) -> None:

@@ -96,6 +96,31 @@ def test_cilium_native_routing_and_the_endpoint_setting() -> None:
     assert (values["k8sServiceHost"], values["k8sServicePort"]) == ("k8s-api.example", 6443)
 
 
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"cluster_addons_cilium_pod_cidr_mask_size": 16}, ("/16 is not longer than", "accepted: a mask from /17")),
+        (
+            {
+                "cluster_addons_cilium_routing_mode": "native",
+                "cluster_addons_cilium_native_routing_cidr": "10.0.0.0/16",
+            },
+            ("does not contain kubernetes_pod_subnet 10.244.0.0/16",),
+        ),
+    ],
+)
+def test_a_cilium_pool_that_cannot_serve_the_cluster_is_refused(
+    changes: dict[str, Any], words: tuple[str, ...]
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        validate_host("r740-01", {**SITE, **changes}, REGISTRY)
+    lines = [
+        line for line in str(raised.value).splitlines() if "cluster_addons: the rendered add-ons are refused" in line
+    ]
+    assert any(all(word in line for word in words) for line in lines), lines
+    assert render.network_problems(config()) == []
+
+
 def test_cilium_without_an_api_server_address_is_refused() -> None:
     site = config(kubernetes_advertise_address=None)
     with pytest.raises(ValueError, match="kubernetes_control_plane_endpoint"):

@@ -72,7 +72,8 @@ def test_inventory_overrides_role_defaults() -> None:
         ({"ironserve_reboot_timeout_s": -5}, "ironserve_reboot_timeout_s: Input should be greater than 0"),
         ({"host_tuning_kernel_args": ["bad arg;rm"]}, "host_tuning_kernel_args[0]"),
         ({"host_tuning_sysctl_file": "/tmp/x.conf"}, "host_tuning_sysctl_file"),
-        ({"host_tuning_unknown_key": 1}, "host_tuning_unknown_key: unknown key (got 1) (accepted: host_tuning_"),
+        ({"host_tuning_unknown_key": 1}, "host_tuning_unknown_key: unknown key (got ***) (accepted: host_tuning_"),
+        ({"host_tuning_unknown": 1}, "host_tuning_unknown: unknown key (got 1) (accepted: host_tuning_"),
         ({"ironserve_lock": {"driver": "525.x"}}, "ironserve_lock['driver']: malformed version '525.x'"),
     ],
 )
@@ -190,7 +191,8 @@ PINNED_ROLE_KEYS = {
         preflight_overrides preflight_report_dir
     """,
     "nvidia": """
-        nvidia_container_toolkit nvidia_cuda_home nvidia_cuda_samples_sha256 nvidia_cuda_samples_url nvidia_dkms
+        nvidia_allow_plain_http nvidia_container_toolkit nvidia_cuda_home nvidia_cuda_samples_sha256
+        nvidia_cuda_samples_url nvidia_dkms
         nvidia_driver_method nvidia_kernel_headers nvidia_persistenced nvidia_pin_priority nvidia_rebuild_initramfs
         nvidia_repo_auth_file nvidia_repo_key nvidia_repo_url nvidia_runfile_base_url nvidia_runfile_sha256
         nvidia_shim_validation_disabled
@@ -205,7 +207,8 @@ PINNED_ROLE_KEYS = {
         security_shell security_slice security_state_dir security_uid security_user
     """,
     "container_runtime": """
-        container_runtime_allow_sysctl_keys container_runtime_cni_bin_dir container_runtime_cni_conf_dir
+        container_runtime_allow_plain_http container_runtime_allow_sysctl_keys container_runtime_cni_bin_dir
+        container_runtime_cni_conf_dir
         container_runtime_default_runtime container_runtime_devmapper_base_image_size
         container_runtime_devmapper_pool_name container_runtime_devmapper_root_path container_runtime_kernel_modules
         container_runtime_nvidia_binary container_runtime_packages container_runtime_registry_mirrors
@@ -213,14 +216,16 @@ PINNED_ROLE_KEYS = {
         container_runtime_sysctls
     """,
     "kubernetes": """
-        kubernetes_advertise_address kubernetes_api_server_port kubernetes_cluster kubernetes_cluster_name
+        kubernetes_advertise_address kubernetes_allow_insecure kubernetes_allow_local_address
+        kubernetes_allow_plain_http kubernetes_api_server_port kubernetes_cluster kubernetes_cluster_name
         kubernetes_cni_version kubernetes_control_plane_endpoint kubernetes_cri_tools_version kubernetes_dns_domain
         kubernetes_image_repository kubernetes_kube_proxy kubernetes_kubelet kubernetes_node_name
         kubernetes_package_revision kubernetes_pod_subnet kubernetes_repo_key kubernetes_repo_url kubernetes_role
         kubernetes_service_subnet kubernetes_version
     """,
     "cluster_addons": """
-        cluster_addons_acme_email cluster_addons_acme_server cluster_addons_cert_manager_chart_repo
+        cluster_addons_acme_email cluster_addons_acme_server cluster_addons_acme_staging
+        cluster_addons_allow_plain_http cluster_addons_cert_manager_chart_repo
         cluster_addons_cert_manager_version cluster_addons_cilium_chart_repo
         cluster_addons_cilium_native_routing_cidr cluster_addons_cilium_pod_cidr_mask_size
         cluster_addons_cilium_routing_mode cluster_addons_cilium_tunnel_protocol cluster_addons_cilium_version
@@ -232,7 +237,8 @@ PINNED_ROLE_KEYS = {
         cluster_addons_stream_idle_timeout_s cluster_addons_tls_dns_names
     """,
     "inference": """
-        inference_engine_environment inference_listen_address inference_mode inference_model_name
+        inference_allow_plain_http inference_engine_environment inference_listen_address inference_mode
+        inference_model_name
         inference_model_source inference_model_store_headroom inference_model_store_mount inference_model_store_nvme
         inference_model_version inference_models_root inference_pip_index_url inference_prometheus inference_python
         inference_requirements inference_service inference_venv

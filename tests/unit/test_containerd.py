@@ -8,8 +8,10 @@ import pytest
 from test_fact_data import real_sample
 
 from ironserve.config import ConfigError
+from ironserve.modprobe import blocks
 from ironserve_lab.aptrepo import CONTAINER_TOOLKIT_CONFIG
 from roles import stack_config
+from roles.container_runtime.facts import config_argument
 from roles.container_runtime.render import (
     DEVMAPPER,
     ContainerdConfigError,
@@ -179,3 +181,34 @@ def test_lab_toolkit_config_carries_the_shipped_cli_table() -> None:
     """The lab's stand-in config.toml documents and sets [nvidia-container-cli] as NVIDIA's Debian package does."""
     shipped = _cli_table(real_sample("nvidia_ctk_config/toolkit-debian-shipped.txt").read_text())
     assert _cli_table(CONTAINER_TOOLKIT_CONFIG) == shipped
+
+
+@pytest.mark.parametrize(
+    ("argv", "config"),
+    [
+        (["/usr/bin/containerd"], "/etc/containerd/config.toml"),
+        (["/usr/bin/containerd", "--config", "/etc/containerd/other.toml"], "/etc/containerd/other.toml"),
+        (["/usr/bin/containerd", "--config=/srv/c.toml", "--log-level", "debug"], "/srv/c.toml"),
+        (["/usr/bin/containerd", "-c", "/srv/c.toml"], "/srv/c.toml"),
+    ],
+)
+def test_the_config_a_running_containerd_was_started_with(argv: list[str], config: str) -> None:
+    # /proc/<MainPID>/cmdline split at its NUL bytes, as the gate reads it.
+    assert config_argument(argv, "/etc/containerd/config.toml") == config
+
+
+@pytest.mark.parametrize(
+    ("line", "blocked"),
+    [
+        ("blacklist nvidia", "nvidia"),
+        ("install nvidia-uvm /bin/false", "nvidia_uvm"),
+        ("install br_netfilter /usr/bin/true", "br_netfilter"),
+        ("install overlay /sbin/modprobe --ignore-install overlay", None),  # loads it, with options
+        ("blacklist nvidia_drm", None),
+        ("blacklist nouveau", None),
+        ("options nvidia NVreg_PreserveVideoMemoryAllocations=1", None),
+    ],
+)
+def test_a_modprobe_rule_blocks_a_module_the_stack_needs(line: str, blocked: str | None) -> None:
+    # A line of `modprobe --showconfig` or of a modprobe.d file, as the gate and the deploy read them.
+    assert blocks(line, ["nvidia", "nvidia_uvm", "br_netfilter", "overlay"]) == blocked

@@ -33,9 +33,11 @@ CASES = sorted(FACTS_DIR.glob("*/*.json"))
 CASE_KEYS = {"source", "kwargs", "command", "command_reads", "output", "output_file", "fact"}
 ROLE_FACT_FILES = sorted(Path(roles.__file__).parent.glob("*/facts.py"))
 FACT_MODULES = (
+    "ironserve.dropins",
     "ironserve.facts",
     "ironserve.helm",
     "ironserve.kubectl",
+    "ironserve.modprobe",
     "ironserve.owned",
     "ironserve.sysctl_boot",
     *(f"roles.{path.parent.name}.facts" for path in ROLE_FACT_FILES),

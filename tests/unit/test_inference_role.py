@@ -14,11 +14,12 @@ from ironserve.config import ConfigError
 from ironserve_lab.inference import REQUIREMENTS, model_versions
 from roles import check_deployable, stack_config
 from roles.inference import inference_deployable
+from roles.inference.operations import parse_port_list, port_list
 from roles.inference.render import canonical, environment_drift, lock_pins, prometheus_config
 
 LAB_MODEL = model_versions()["lab-v1"]
 BASE: dict[str, Any] = {
-    "inference_pip_index_url": "http://10.0.0.1:8080/simple/",
+    "inference_pip_index_url": "https://10.0.0.1:8080/simple/",
     "inference_requirements": str(REQUIREMENTS),
     "inference_model_source": str(LAB_MODEL),
     "inference_listen_address": "10.0.0.5",
@@ -79,8 +80,10 @@ def test_an_unknown_service_key_is_refused() -> None:
             _deployable(inference_service=owned)
     with pytest.raises(ConfigError, match="inference_listen_address must be set"):
         check_deployable(stack_config("h", {k: v for k, v in BASE.items() if k != "inference_listen_address"}))
-    with pytest.raises(ConfigError, match=r"inference_service: swap\.listen_prot: Extra inputs"):
+    with pytest.raises(ConfigError, match=r"unknown key 'listen_prot' in section swap; accepted: .*listen_port"):
         _deployable(inference_service={"swap": {"listen_prot": 8080}})
+    with pytest.raises(ConfigError, match=r"inference_service: unknown section 'swpa'; accepted: chaos, engine, "):
+        _deployable(inference_service={"swpa": {"listen_port": 8080}})
 
 
 def test_the_models_root_must_be_on_the_model_store_mount() -> None:
@@ -137,3 +140,17 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     result = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("ports", "shown"),
+    [
+        ([], ""),
+        ([8080], "8080"),
+        ([9901, 8000, 8080, 8001, 2380, 2379, 9400, 8000], "2379-2380,8000-8001,8080,9400,9901"),
+    ],
+)
+def test_reserved_ports_are_written_as_the_kernel_prints_them(ports: list[int], shown: str) -> None:
+    # live_sysctl compares the value with /proc/sys/net/ipv4/ip_local_reserved_ports, which collapses runs.
+    assert port_list(ports) == shown
+    assert parse_port_list(shown + "\n") == set(ports)

@@ -225,6 +225,7 @@ HOST_TUNING: list[Case] = [
 ]
 
 CONTAINER_RUNTIME: list[Case] = [
+    ("container_runtime_allow_plain_http", ["https://mirror.example:5000"], ("pattern",)),
     ("container_runtime_sandbox_image", "pause:3.10", ("not an image reference",)),
     ("container_runtime_sandbox_image", "registry.k8s.io/pause", ("not an image reference",)),
     ("container_runtime_sandbox_image", "registry.k8s.io/pause:3.10\n", ("not an image reference",)),
@@ -277,8 +278,8 @@ CONTAINER_RUNTIME: list[Case] = [
 INFERENCE: list[Case] = [
     ("inference_mode", "k8s", ("'systemd' or 'kubernetes'",)),
     ("inference_pip_index_url", "ftp://mirror.example.internal/simple/", ("not http, https or file",)),
-    ("inference_pip_index_url", "http://mirror.example.internal:99999/simple/", ("1-65535",)),
-    ("inference_pip_index_url", "http://mirror.example.internal:0/simple/", ("1-65535",)),
+    ("inference_pip_index_url", "https://mirror.example.internal:99999/simple/", ("1-65535",)),
+    ("inference_pip_index_url", "https://mirror.example.internal:0/simple/", ("1-65535",)),
     ("inference_pip_index_url", "http:///simple/", ("names no host",)),
     ("inference_pip_index_url", "https://mirror.example.internal/simple/\n", (CONTROL,)),
     ("inference_pip_index_url", "https://mirror.example.internal/ simple/", ("spaces",)),
@@ -436,6 +437,9 @@ KUBERNETES: list[Case] = [
         ("certSAN", "unknown key", "accepted: certSANs"),
     ),
     ("kubernetes_cluster", {"clusterName": "x"}, ("kubernetes_cluster_name",)),
+    ("kubernetes_allow_insecure", ["kubelet-anonymous"], ("kubelet-anonymous-auth",)),
+    ("kubernetes_allow_local_address", "maybe", ("valid boolean",)),
+    ("kubernetes_allow_plain_http", ["https://mirror.example/k8s"], ("pattern",)),
 ]
 
 CLUSTER_ADDONS: list[Case] = [
@@ -470,9 +474,96 @@ CLUSTER_ADDONS: list[Case] = [
     ),
     ("cluster_addons_device_plugin_version", "0.17.0", ("pattern",)),
     ("cluster_addons_device_plugin_image", "nvcr.io/nvidia/k8s-device-plugin:v0.17.0", ("pattern",)),
+    ("cluster_addons_allow_plain_http", ["ftp://mirror.example/charts"], ("pattern",)),
+    ("cluster_addons_acme_staging", "maybe", ("valid boolean",)),
 ]
 
-CASES = SECURITY + HOST_TUNING + CONTAINER_RUNTIME + KUBERNETES + CLUSTER_ADDONS + INFERENCE + PREFLIGHT + BIOS + NVIDIA
+# --- issue 33's classes: values that change meaning silently, ports that collide, secrets, messages ------------------
+
+ONE_PLAN = "accepted: one port per listener on a host"
+BOOLEAN = "a boolean is not a number"
+NOT_DURATION = "is not a Prometheus duration"
+OFFLOAD = "CPU offload is not allowed"
+ALL_SECTIONS = "accepted: chaos, engine, exporter, kubernetes, quality, readiness, release, scaler, slo, swap"
+
+
+def _service(section: str, values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {section: values}
+
+
+# (class, case): the class names what the closing note counts.
+SILENT_TYPES: list[Case] = [
+    ("ironserve_reboot_timeout_s", True, (BOOLEAN, "600")),
+    ("bios_apply_timeout_s", True, (BOOLEAN,)),
+    ("security_uid", False, (BOOLEAN,)),
+    ("security_cpu_weight", True, (BOOLEAN,)),
+    ("nvidia_pin_priority", True, (BOOLEAN,)),
+    ("kubernetes_api_server_port", True, (BOOLEAN,)),
+    ("inference_service", _service("swap", {"green_port": True}), ("swap.green_port", BOOLEAN)),
+    ("inference_service", _service("engine", {"max_num_seqs": True}), ("engine.max_num_seqs", BOOLEAN)),
+    ("inference_service", _service("slo", {"fast_window": "1 minute"}), ("slo.fast_window", NOT_DURATION)),
+    ("inference_service", _service("slo", {"slo_window": "5m]) or vector(1"}), ("slo.slo_window", NOT_DURATION)),
+    ("inference_service", _service("slo", {"leak_window": "0h"}), ("slo.leak_window", NOT_DURATION)),
+    ("inference_service", _service("slo", {"target_down_for": "1.5m"}), ("slo.target_down_for", NOT_DURATION)),
+    ("inference_service", _service("slo", {"latency_metric": "x{job=~'.*'}"}), ("not a Prometheus metric name",)),
+    ("inference_service", _service("slo", {"job": 'a"} or vector(1) #'}), ("not a plain label value",)),
+    ("inference_service", _service("engine", {"extra_args": ["--cpu-offload-gb", "4"]}), (OFFLOAD,)),
+    ("inference_service", _service("engine", {"extra_args": ["--cpu-offload-gb=4"]}), (OFFLOAD,)),
+    ("inference_service", _service("engine", {"extra_args": ["--cpu_offload_gb=4"]}), (OFFLOAD,)),
+    ("inference_service", _service("engine", {"extra_args": ["--cpu-offload", "4"]}), (OFFLOAD,)),
+    ("inference_service", _service("engine", {"extra_args": ["--kv-offloading-size=4"]}), (OFFLOAD,)),
+    ("inference_service", _service("engine", {"extra_args": ["--config", "/tmp/x.yaml"]}), ("config file",)),
+    ("inference_service", _service("engine", {"extra_args": ["--host", "0.0.0.0"]}), ("engine.host",)),
+    ("inference_service", _service("engine", {"extra_args": ["--port=9000"]}), ("engine.port",)),
+    ("inference_service", _service("engine", {"extra_args": ["-tp", "8"]}), ("engine.tensor_parallel_size",)),
+    ("inference_service", _service("engine", {"extra_args": ["--tensor_parallel_size=8"]}), ("engine.tensor_para",)),
+    ("inference_service", _service("engine", {"extra_args": ["--max-num-seqs 9"]}), ("not one flag",)),
+]
+
+PORTS_ON_ONE_HOST: list[Case] = [
+    ("inference_service", _service("swap", {"listen_port": 2379}), ("swap.listen_port", "2379", "etcd", ONE_PLAN)),
+    ("inference_service", _service("swap", {"listen_port": 9090}), ("Prometheus", "inference_prometheus", ONE_PLAN)),
+    ("inference_service", _service("exporter", {"port": 8080}), ("8080", "Envoy's listener", "exporter.port")),
+    ("inference_service", _service("quality", {"mirror_port": 2379}), ("quality.mirror_port", "etcd", ONE_PLAN)),
+    ("inference_service", _service("quality", {"mirror_port": 8001}), ("green engine", "quality sink", ONE_PLAN)),
+    ("inference_service", _service("swap", {"admin_port": 9400}), ("admin interface", "exporter", ONE_PLAN)),
+    ("inference_service", _service("swap", {"blue_port": 2380}), ("blue engine", "etcd (peer)", ONE_PLAN)),
+]
+
+LISTEN_ADDRESSES: list[Case] = [
+    ("inference_listen_address", "fe80::1%eth0", ("with a scope", "serving network")),
+    ("inference_listen_address", "fe80::1", ("link-local",)),
+    ("inference_listen_address", "169.254.10.1", ("link-local",)),
+]
+
+SECRETS_ECHOED: list[Case] = [
+    ("inference_api_key", "sk-" + "a1" * 20, ("unknown key (got ***)",)),
+    ("inference_service", _service("swap", {"api_key": "sk-" + "b2" * 20}), ("unknown key 'api_key'",)),
+    ("host_tuning_access_token", "ghp_" + "c3" * 18, ("unknown key (got ***)",)),
+    ("ironserve_note", "Bearer " + "d4" * 20, ("unknown key (got '***')",)),
+    ("ironserve_ca", "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----", ("(got '***')",)),
+]
+
+UNHELPFUL_MESSAGES: list[Case] = [
+    ("inference_service", {"swpa": {"listen_port": 8081}}, ("unknown section 'swpa'", ALL_SECTIONS)),
+    ("inference_service", {"bogus": 1}, ("unknown section 'bogus'", ALL_SECTIONS)),
+    ("inference_service", _service("swap", {"listen_prot": 8081}), ("in section swap", "accepted: admin_port")),
+    ("inference_service", _service("swap", {"routing": {"stagng": []}}), ("in section swap.routing", "accepted:")),
+    ("inference_service", _service("slo", {"window": "5m"}), ("in section slo", "fast_window")),
+]
+
+PLAIN_HTTP: list[Case] = [
+    ("nvidia_repo_url", "http://mirror.example.internal/cuda", ("plain http", "nvidia_allow_plain_http")),
+    ("nvidia_runfile_base_url", "http://mirror.example.internal", ("plain http", "nvidia_allow_plain_http")),
+    ("inference_pip_index_url", "http://mirror.example.internal/simple/", ("plain http", "inference_allow_plain_http")),
+    ("nvidia_allow_plain_http", ["https://mirror.example.internal/cuda"], ("pattern",)),
+    ("inference_allow_plain_http", ["mirror.example.internal"], ("pattern",)),
+]
+
+ROUND_TWO = SILENT_TYPES + PORTS_ON_ONE_HOST + LISTEN_ADDRESSES + SECRETS_ECHOED + UNHELPFUL_MESSAGES + PLAIN_HTTP
+CASES = (
+    SECURITY + HOST_TUNING + CONTAINER_RUNTIME + KUBERNETES + CLUSTER_ADDONS + INFERENCE + PREFLIGHT + BIOS + NVIDIA
+) + ROUND_TWO
 
 
 def _id(case: Case) -> str:
@@ -501,6 +592,42 @@ def test_one_mistake_is_refused_naming_the_key_and_what_is_accepted(case: Case) 
     assert key in message, message
     for word in words:
         assert word in message, f"{word!r} not in {message!r}"
+
+
+@pytest.mark.parametrize("case", SECRETS_ECHOED, ids=_id)
+def test_a_value_shaped_like_a_credential_never_reaches_the_message(case: Case) -> None:
+    key, value, _ = case
+    with pytest.raises(ConfigError) as raised:
+        stack_config("r740-01", {key: value})
+    for secret in ("a1a1a1a1", "b2b2b2b2", "c3c3c3c3", "d4d4d4d4", "MIIE"):
+        assert secret not in str(raised.value)
+
+
+def test_every_problem_of_one_value_is_a_line_of_its_own() -> None:
+    value = {"swap": {"green_port": True, "blue_port": 0, "listen_prot": 1}, "slo": {"fast_window": "1 minute"}}
+    with pytest.raises(ConfigError) as raised:
+        stack_config("r740-01", {"inference_service": value, "ironserve_reboot_timeout_s": True})
+    lines = str(raised.value).splitlines()
+    assert len(lines) == 5, lines
+    for words in ("listen_prot", "swap.green_port: a boolean", "swap.blue_port", "slo.fast_window", "reboot_timeout"):
+        assert any(words in line for line in lines), (words, lines)
+    assert all(line.startswith("host r740-01: ") for line in lines)
+
+
+def test_every_collision_of_the_port_plan_is_named() -> None:
+    value = {"swap": {"listen_port": 2379, "admin_port": 9090}, "exporter": {"port": 8000}}
+    with pytest.raises(ConfigError) as raised:
+        stack_config("r740-01", {"inference_service": value})
+    lines = str(raised.value).splitlines()
+    assert len(lines) == 3, lines
+    assert all(ONE_PLAN in line for line in lines)
+
+
+def test_a_widened_ephemeral_range_is_accepted_over_the_ports_the_service_reserves() -> None:
+    wide = {"net.ipv4.ip_local_port_range": "1024 65000"}
+    config = stack_config("r740-01", {"host_tuning_sysctls": wide, "inference_service": _service("swap", {})})
+    assert all(listener.reserved for listener in config.inference.listeners())
+    assert {8080, 9901, 8000, 8001, 9400, 9401, 2379, 2380, 9090} == {x.port for x in config.inference.listeners()}
 
 
 # --- sealed model sources: what the upload carries is read and validated on the admin's machine ------------------
@@ -584,6 +711,11 @@ def deployable(tmp_path: Path) -> dict[str, Any]:
         ({"inference_venv": "/var/lib/ai-service/venv"}, ("inference_venv", "overlaps", "/var/lib/ai-service")),
         ({"inference_service": {"swap": {"listen_port": 70000}}}, ("inference_service", "listen_port", "65535")),
         ({"inference_service": {"exporter": {"port": 0}}}, ("inference_service", "exporter.port")),
+        # The profile's serving GPUs bound the engine's parallelism (r740-a10: two x16 slots).
+        (
+            {"inference_service": {"engine": {"tensor_parallel_size": 4}}},
+            ("engine.tensor_parallel_size 4", "2 serving GPUs of profile r740-a10", "accepted: 1 to 2"),
+        ),
         ({"security_service_units": ["ai-service.service"]}, ("security_service_units", "ai-service@.service")),
     ],
 )

@@ -27,6 +27,10 @@ from roles.kubernetes.render import (
 from roles.kubernetes.settings import KubernetesSettings
 
 FACTS = Path(__file__).parents[1] / "facts"
+# /var/lib/kubelet/config.yaml as a real kubeadm (1.29/1.30) wrote it for kubeadm's default networking; where it is
+# from (provenance incomplete: a blog post's `cat`, repository unknown) is in the .source note beside it.
+KUBEADM_KUBELET_CAPTURE = Path(__file__).parents[1] / "data" / "realworld" / "kubernetes"
+KUBEADM_KUBELET_CAPTURE /= "kubelet-config-kubeadm-1.29-node-madness-blog.txt"
 UPSTREAM = yaml.safe_load((Path(__file__).parent / "samples" / "kubernetes-upstream-fields.yaml").read_text())
 SOCKET = "/run/containerd/containerd.sock"
 TOKEN = "abcdef.0123456789abcdef"
@@ -82,6 +86,136 @@ def test_every_rendered_document_passes_its_model_again() -> None:
     by_kind["KubeletConfiguration"] = models.KubeletConfiguration  # type: ignore[assignment]
     for kind, document in documents(text).items():
         assert by_kind[kind].model_validate(document).document() == document
+
+
+# --- /var/lib/kubelet/config.yaml: kubeadm's file, the site's fields on top -----------------------------------------
+
+# The fields kubeadm's (*kubeletConfig).Default sets (kubernetes/kubernetes cmd/kubeadm/app/componentconfigs/kubelet.go,
+# commit 046d201c45cebd19eb1fc4612426761c64802825), by their path in the file. resolvConf is set only where
+# systemd-resolved runs on the node (as on the captured Ubuntu host): a host fact, set by a site in kubernetes_kubelet.
+KUBEADM_SETS = (
+    "authentication.anonymous.enabled",
+    "authentication.webhook.enabled",
+    "authentication.x509.clientCAFile",
+    "authorization.mode",
+    "cgroupDriver",
+    "clusterDNS",
+    "clusterDomain",
+    "healthzBindAddress",
+    "healthzPort",
+    "rotateCertificates",
+    "staticPodPath",
+)
+HOST_DEPENDENT = ("resolvConf",)
+# Go's zero values that kubeadm's marshaller prints for unset non-pointer fields; the kubelet defaults them itself.
+GO_ZERO_VALUES = ("0s", 0, "0", "", {})
+CLIENT_CA = "/etc/kubernetes/pki/ca.crt"
+
+
+def leaves(document: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Each leaf of a YAML mapping by its dotted path (an empty mapping is a leaf)."""
+    found: dict[str, Any] = {}
+    for key, value in document.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            found.update(leaves(value, f"{path}."))
+        else:
+            found[path] = value
+    return found
+
+
+def rendered_kubelet_file(**data: Any) -> dict[str, Any]:
+    return yaml.safe_load(kubelet_configuration_yaml(settings(**data), "systemd", SOCKET))
+
+
+def test_the_capture_holds_no_field_kubeadm_sets_that_the_list_misses() -> None:
+    capture = leaves(yaml.safe_load(KUBEADM_KUBELET_CAPTURE.read_text()))
+    meaningful = {path for path, value in capture.items() if isinstance(value, bool) or value not in GO_ZERO_VALUES}
+    assert meaningful - {"apiVersion", "kind"} == set(KUBEADM_SETS) | set(HOST_DEPENDENT)
+
+
+def test_the_kubelet_file_carries_every_field_kubeadm_writes_for_the_same_settings() -> None:
+    """The capture's cluster is on kubeadm's defaults (10.96.0.0/12, cluster.local, /etc/kubernetes/pki): so is
+    settings() here. Every field kubeadm set there has the same value in ironserve's file."""
+    capture = leaves(yaml.safe_load(KUBEADM_KUBELET_CAPTURE.read_text()))
+    rendered = leaves(rendered_kubelet_file())
+    assert {path: rendered.get(path) for path in KUBEADM_SETS} == {path: capture[path] for path in KUBEADM_SETS}
+    assert rendered["apiVersion"] == capture["apiVersion"] and rendered["kind"] == capture["kind"]
+    assert "resolvConf" not in rendered  # the kubelet's /etc/resolv.conf, unless the site names systemd-resolved's
+    site = leaves(rendered_kubelet_file(kubernetes_kubelet={"resolvConf": "/run/systemd/resolve/resolv.conf"}))
+    assert site["resolvConf"] == capture["resolvConf"]
+
+
+def test_the_kubeadm_config_and_the_kubelet_file_hold_the_same_kubelet_configuration() -> None:
+    site = settings(kubernetes_kubelet={"maxPods": 64}, kubernetes_service_subnet="10.112.0.0/12")
+    in_kubeadm_config = documents(kubeadm_config_yaml(site, "systemd", SOCKET))["KubeletConfiguration"]
+    assert in_kubeadm_config == yaml.safe_load(kubelet_configuration_yaml(site, "systemd", SOCKET))
+
+
+@pytest.mark.parametrize(
+    ("data", "dns", "domain", "client_ca"),
+    [
+        ({}, "10.96.0.10", "cluster.local", CLIENT_CA),
+        (
+            {"kubernetes_service_subnet": "172.20.0.0/16", "kubernetes_dns_domain": "gpu.example"},
+            "172.20.0.10",
+            "gpu.example",
+            CLIENT_CA,
+        ),
+        ({"kubernetes_service_subnet": "fd00:10:96::/112"}, "fd00:10:96::a", "cluster.local", CLIENT_CA),
+        ({"kubernetes_cluster": {"certificatesDir": "/srv/pki"}}, "10.96.0.10", "cluster.local", "/srv/pki/ca.crt"),
+    ],
+)
+def test_kubeadms_values_follow_the_clusters_settings(
+    data: dict[str, Any], dns: str, domain: str, client_ca: str
+) -> None:
+    """clusterDNS is the service subnet's 10th address (kubeadm's constants.GetDNSIP), clusterDomain the DNS domain,
+    clientCAFile the CA in ClusterConfiguration certificatesDir."""
+    file = rendered_kubelet_file(**data)
+    assert file["clusterDNS"] == [dns]
+    assert file["clusterDomain"] == domain
+    assert file["authentication"]["x509"]["clientCAFile"] == client_ca
+
+
+@pytest.mark.parametrize("role", ["control-plane", "worker"])
+def test_a_node_keeps_kubeadms_static_pod_path(role: str) -> None:
+    """A control plane's API server, etcd, scheduler and controller manager are static pods in
+    /etc/kubernetes/manifests: the file the role writes after `kubeadm init` must keep the kubelet watching it."""
+    data: dict[str, Any] = {"kubernetes_role": role, "kubernetes_kubelet": {"maxPods": 64}}
+    assert rendered_kubelet_file(**data)["staticPodPath"] == "/etc/kubernetes/manifests"
+
+
+def test_the_sites_kubelet_fields_win_and_nested_defaults_stay() -> None:
+    file = rendered_kubelet_file(
+        kubernetes_kubelet={
+            "staticPodPath": "/srv/manifests",
+            "clusterDNS": ["169.254.25.10"],
+            "authentication": {"webhook": {"cacheTTL": "30s"}},
+            "rotateCertificates": False,
+            "maxPods": 64,
+        }
+    )
+    assert file["staticPodPath"] == "/srv/manifests"
+    assert file["clusterDNS"] == ["169.254.25.10"]
+    assert file["rotateCertificates"] is False
+    assert file["maxPods"] == 64
+    assert file["authentication"] == {
+        "x509": {"clientCAFile": "/etc/kubernetes/pki/ca.crt"},
+        "webhook": {"enabled": True, "cacheTTL": "30s"},
+        "anonymous": {"enabled": False},
+    }
+
+
+def test_the_kubelet_file_keeps_the_secure_values() -> None:
+    file = rendered_kubelet_file()
+    assert file["authentication"]["anonymous"] == {"enabled": False}
+    assert file["authentication"]["webhook"]["enabled"] is True
+    assert file["authorization"] == {"mode": "Webhook"}
+    assert file["readOnlyPort"] == 0
+    opened = rendered_kubelet_file(
+        kubernetes_allow_insecure=["kubelet-read-only-port"], kubernetes_kubelet={"readOnlyPort": 10255}
+    )
+    assert opened["readOnlyPort"] == 10255 and opened["authorization"] == {"mode": "Webhook"}
 
 
 def test_the_join_configuration_carries_the_token_and_the_ca_hash() -> None:
@@ -238,6 +372,22 @@ def test_a_control_plane_and_workers_form_a_cluster() -> None:
                 ("w1", {"kubernetes_role": "worker", "kubernetes_control_plane_endpoint": "k8s-b.example"}),
             ),
             "host w1: kubernetes_control_plane_endpoint differs",
+        ),
+        (
+            # /23 at the default /24 node mask: room for two nodes, the inventory has three.
+            (
+                ("cp", {"kubernetes_advertise_address": "192.0.2.10", "kubernetes_pod_subnet": "10.244.0.0/23"}),
+                ("w1", {"kubernetes_role": "worker", "kubernetes_pod_subnet": "10.244.0.0/23"}),
+                ("w2", {"kubernetes_role": "worker", "kubernetes_pod_subnet": "10.244.0.0/23"}),
+            ),
+            "has room for 2 nodes at the node CIDR mask /24, the inventory's cluster has 3",
+        ),
+        (
+            (
+                ("cp", {"kubernetes_advertise_address": "192.0.2.10"}),
+                ("w1", {"kubernetes_role": "worker", "ssh_hostname": "10.96.0.20"}),
+            ),
+            "host cp: kubernetes_service_subnet: 10.96.0.0/12 contains 10.96.0.20, host w1's ssh_hostname",
         ),
     ],
 )

@@ -33,7 +33,9 @@ from roles.nvidia.facts import (
     parse_module_version,
     parse_runfile,
     parse_secure_boot,
+    parse_source_files,
     parse_stack,
+    sources_naming,
     stack_problems,
 )
 from roles.nvidia.operations import refuse_secure_boot, runfile_options, runfile_url, secure_boot_refusal
@@ -494,3 +496,22 @@ def test_mirror_serves_a_runfile_per_profile_driver() -> None:
     assert aptrepo.runfile_path("525.85.12") == "XFree86/Linux-x86_64/525.85.12/NVIDIA-Linux-x86_64-525.85.12.run"
     offered = {(p.name, p.version) for p in aptrepo.catalog()}
     assert ("dkms", aptrepo.DKMS_STANDIN_VERSION) in offered  # what Depends: dkms resolves to in the lab
+
+
+@pytest.mark.parametrize(
+    ("line", "names"),
+    [
+        (
+            "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] https://nv.example/repos/debian12/x86_64/ /",
+            True,
+        ),
+        ("deb [arch=amd64 signed-by=/k.gpg] https://nv.example/repos/debian12/x86_64 /", True),
+        ("URIs: http://deb.debian.org/debian https://nv.example/repos/debian12/x86_64/", True),
+        ("deb https://nv.example/repos/ubuntu2204/x86_64/ /", False),
+        ("deb [signed-by=/k.gpg] https://nv.example/repos/debian12/x86_64/extra/ /", False),
+    ],
+)
+def test_a_source_file_names_the_repository_by_its_uri_in_either_format(line: str, names: bool) -> None:
+    files = parse_source_files([f"/etc/apt/sources.list.d/other.list:{line}"])
+    expected = ["/etc/apt/sources.list.d/other.list"] if names else []
+    assert sources_naming(files, "https://nv.example/repos/debian12/x86_64/") == expected

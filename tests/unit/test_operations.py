@@ -47,6 +47,8 @@ CASE_KEYS = {"description", "source", "kwargs", "facts", "commands", "noop", "ra
 # Every operation ironserve defines, each with a folder of JSON cases or the functions in this module.
 OPERATION_MODULES = (
     "ironserve.operations",
+    "ironserve.dropins",
+    "ironserve.modprobe",
     "ironserve.apt",
     "ironserve.helm",
     "ironserve.kubectl",

@@ -23,7 +23,15 @@ from ironserve import secrets
 from ironserve.config import ConfigError
 from ironserve.kubectl import ADMIN_KUBECONFIG, SecretKeyDigest, SecretKeyState, secret_applied
 from ironserve.paths import REPO_ROOT
-from ironserve.secrets import private_file, redact, redact_text, redact_value, secret_upload, userinfo_problem
+from ironserve.secrets import (
+    MASK,
+    private_file,
+    redact,
+    redact_text,
+    redact_value,
+    secret_upload,
+    userinfo_problem,
+)
 from ironserve_lab.inference import REQUIREMENTS, model_versions
 from roles import check_deployable, stack_config
 from roles.cluster_addons.render import cloudflare_token_secret
@@ -297,7 +305,12 @@ def test_a_bad_auth_file_is_refused_without_showing_it(tmp_path: Path, data: dic
         path.write_text(data["text"])
     path.chmod(data.get("mode", 0o600))
     with pytest.raises(ConfigError) as info:
-        stack_config("h", {"nvidia_repo_url": data.get("url", MIRROR), "nvidia_repo_auth_file": str(path)})
+        url = data.get("url", MIRROR)
+        # Plain http allowed by name: the login would still go in clear text, which the auth file's check refuses.
+        allowed = [url] if url.startswith("http://") else []
+        stack_config(
+            "h", {"nvidia_repo_url": url, "nvidia_allow_plain_http": allowed, "nvidia_repo_auth_file": str(path)}
+        )
     assert words in str(info.value) and "nvidia_repo_auth_file" in str(info.value)
     assert_no_sentinel(info.value)
 
@@ -451,3 +464,25 @@ def test_the_token_is_compared_by_digest_and_refused_under_sudo() -> None:
     escalated.current_op_global_arguments = {"_sudo": True}
     with pytest.raises(OperationError, match="not uploaded with _sudo"):
         run_operation(secret_applied, escalated, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("api key sk-" + "a1" * 16 + " given", "a1a1a1a1"),
+        ("Authorization: Bearer " + "Zm9v" * 6, "Zm9vZm9v"),
+        ("token ghp_" + "b2" * 12, "b2b2b2b2"),
+        ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl", "c2lnbmF0dXJl"),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEsecret\n-----END RSA PRIVATE KEY-----", "MIIEsecret"),
+        ("-----BEGIN PRIVATE KEY-----\nMIIEcut", "MIIEcut"),  # a message cut inside the block
+        ("aws AKIA" + "ABCDEFGHIJKLMNOP", "ABCDEFGHIJKLMNOP"),
+    ],
+)
+def test_a_value_shaped_like_a_credential_is_redacted_whatever_carries_it(text: str, secret: str) -> None:
+    assert secret not in redact_text(text)
+    assert MASK in redact_text(text)
+
+
+def test_text_without_a_credential_is_left_alone() -> None:
+    text = "sk-1 is short, Bearer alone, ai-service@blue.service, /srv/models/20260101-000000"
+    assert redact_text(text) == text

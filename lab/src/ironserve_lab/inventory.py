@@ -39,16 +39,28 @@ def _entry(host: state.LabHost) -> HostEntry:
         data["nvidia_cuda_samples_url"] = f"{host.extra['aptrepo_url']}/{aptrepo.cuda_samples_path(SAMPLES_TAG)}"
         data["nvidia_cuda_samples_sha256"] = aptrepo.cuda_samples_sha256(SAMPLES_TAG)
         data["nvidia_runfile_base_url"] = host.extra["aptrepo_url"]
+        data["nvidia_allow_plain_http"] = [
+            data["nvidia_repo_url"],
+            data["nvidia_cuda_samples_url"],
+            data["nvidia_runfile_base_url"],
+        ]
         # And for pkgs.k8s.io, signed by the same key: the base the kubernetes role appends /v<minor>/deb/ to.
         data["kubernetes_repo_url"] = f"{host.extra['aptrepo_url']}/{aptrepo.KUBERNETES_BASE}"
         data["kubernetes_repo_key"] = host.extra["aptrepo_key"]
+        # The lab mirror serves plain http on the lab's own bridge: each URL allowed by name, as a site would.
+        data["kubernetes_allow_plain_http"] = [data["kubernetes_repo_url"]]
         # And for Helm's release server and the add-ons' chart repositories (charts.py).
         data["cluster_addons_helm_base_url"] = f"{host.extra['aptrepo_url']}/{charts.HELM_DIR}"
         data["cluster_addons_helm_sha256"] = charts.helm_sha256(aptrepo.repo_dir() / "www")
         for chart_repo in ("cilium", "cert_manager", "envoy_gateway", "linkerd"):
             data[f"cluster_addons_{chart_repo}_chart_repo"] = f"{host.extra['aptrepo_url']}/{charts.CHARTS_DIR}"
+        data["cluster_addons_allow_plain_http"] = [
+            data["cluster_addons_helm_base_url"],
+            f"{host.extra['aptrepo_url']}/{charts.CHARTS_DIR}",
+        ]
     if host.extra.get("pip_index_url"):  # the lab pip index of the engine lock (wheelhouse.py)
         data["inference_pip_index_url"] = host.extra["pip_index_url"] + "/simple/"
+        data["inference_allow_plain_http"] = [data["inference_pip_index_url"]]
     data.update(lab_inference.inventory_data())  # the CPU engine and the tiny model's sealed versions
     data["inference_listen_address"] = host.ssh_address  # the lab bridge is the hosts' serving network too
     if host.kind == "vm":

@@ -18,6 +18,12 @@ from ironserve_service.health import ProbeResult, check_engine
 from ironserve_service.settings import ServiceSettings, SloSettings
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+# Seconds vLLM's server (uvicorn) keeps an idle keep-alive connection (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, vLLM's default
+# 5). Envoy closes its idle upstream connections after router.UPSTREAM_IDLE_TIMEOUT_S (4), but uvicorn's timer
+# fires late only, never early: an event loop busy past it (the API server starved of CPU while the other colour
+# starts) runs the timer before reading a request that came in meanwhile, and closes a connection carrying it
+# (issue 33). A minute leaves the close to Envoy however long the engine stalls.
+ENGINE_KEEP_ALIVE_S = 60
 
 
 def latency_buckets(slo: SloSettings) -> dict[str, list[float]]:
@@ -57,7 +63,12 @@ def build_command(settings: ServiceSettings, python: Path) -> list[str]:
 
 def engine_environment(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
     # Weights are local and verified; the engine must never reach for a hub.
-    return {**base, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **extra}
+    fixed = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(ENGINE_KEEP_ALIVE_S),
+    }
+    return {**base, **fixed, **extra}
 
 
 def write_marker(path: Path, content: str) -> None:
@@ -96,9 +107,10 @@ class Launcher:
         command = build_command(self.settings, python)
         self.log("starting engine: " + " ".join(command))
         try:
-            # Own process group, so a stuck drain can kill vLLM's engine-core and worker children too.
+            # Own process group, so a stuck drain can kill vLLM's engine-core and worker children too; the
+            # launcher's session, whose autogroup is the colour's CPU share where no unit's cgroup is (swap.cpu_share).
             self.process = subprocess.Popen(
-                command, env=engine_environment(os.environ, self.environment), start_new_session=True
+                command, env=engine_environment(os.environ, self.environment), process_group=0
             )
             if self._wait_until_ready():
                 write_marker(readiness.ready_marker, f"{os.getpid()}\n")

@@ -43,6 +43,16 @@ CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 BUFFER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer"
+HEADER_MUTATION_TYPE = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+HEADER_MUTATION_ROUTE_TYPE = (
+    "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute"
+)
+UPSTREAM_CODEC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"
+# The upstream filter that adds x-ironserve-colour and x-backend, configured per route (answer_headers()). Envoy
+# adds a route's own response_headers_to_add to its local replies too, the api_key_auth filter's 401 included (its
+# filter manager's sendLocalReply finalizes them); an upstream filter runs only on an answer from an upstream,
+# which a request reaches only once every listener filter, the key check first, has passed it.
+ANSWER_HEADERS_FILTER = "ironserve.answer_headers"
 UPSTREAM_OPTIONS_TYPE = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 API_KEY_FILTER = "envoy.filters.http.api_key_auth"
 API_KEY_TYPE = "type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth"
@@ -52,9 +62,17 @@ FILTER_CONFIG_TYPE = "type.googleapis.com/envoy.config.route.v3.FilterConfig"
 API_CLIENT = r"[A-Za-z0-9_.-]{1,64}"
 API_KEY_LINE = re.compile(rf"^(?P<client>{API_CLIENT})\s+(?P<key>[A-Za-z0-9._~+/=-]{{32,256}})$")
 UPSTREAM_IDLE_TIMEOUT_S = 4
-# Retried only when the upstream connection fails or resets before any response header (Envoy never
-# retries once headers went downstream): the client has received nothing, so a retry cannot duplicate output.
-RETRY_POLICY = {"retry_on": "connect-failure,reset,refused-stream", "num_retries": 2}
+# Retried only when Envoy knows the engine never got the request (Envoy's router filter docs, x-envoy-retry-on):
+# the connection could not be made (connect-failure), an HTTP/2 upstream refused the stream (refused-stream), or
+# the connection failed before the request was sent on it (reset-before-request, Envoy >= 1.31). Not `reset`:
+# it also retries a request the engine had and was generating for, which would run the generation twice.
+RETRY_POLICY = {"retry_on": "connect-failure,refused-stream,reset-before-request", "num_retries": 2}
+# Concurrent retries per cluster: Envoy's default circuit breaker allows 3 (max_retries; Envoy's circuit
+# breaking docs), which turned 7 of 10 connections lost at once under a swap into 503s (issue 33). A retry budget
+# of 100 % of the cluster's active and pending requests lets every one of them retry at once: a retry here is
+# only of a request the engine never saw, so it costs the engine nothing. min_retry_concurrency: the floor
+# when few requests are active (Envoy's default floor is 3).
+RETRY_BUDGET = {"budget_percent": {"value": 100.0}, "min_retry_concurrency": 64}
 # The OpenAI routes the service offers, matched exactly: any other path (vLLM's management endpoints such as
 # /v1/load_lora_adapter, which an engine flag can open) is 404 at Envoy and never reaches an engine.
 API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
@@ -175,8 +193,10 @@ def _with_keys(served: list[JSON], api_keys: list[tuple[str, str]]) -> list[JSON
     keyed = {API_KEY_FILTER: {"@type": API_KEY_ROUTE_TYPE, "credentials": credentials}}
     open_route = {API_KEY_FILTER: {"@type": FILTER_CONFIG_TYPE, "disabled": True}}
     return [
-        {**r, "typed_per_filter_config": open_route if r["match"].get("path") == HEALTH_PATH else keyed} for r in served
-    ]
+        {**r, "typed_per_filter_config": {**r.get("typed_per_filter_config", {}),
+                                          **(open_route if r["match"].get("path") == HEALTH_PATH else keyed)}}
+        for r in served
+    ]  # fmt: skip
 
 
 def _endpoint(host: str, port: int) -> JSON:
@@ -206,16 +226,22 @@ def upstream_cluster(name: str, addresses: list[tuple[str, int]]) -> JSON:
             "cluster_name": name,
             "endpoints": [{"lb_endpoints": [_endpoint(host, port) for host, port in addresses]}],
         },
-        # vLLM's server (uvicorn) closes idle keep-alive connections after 5 s; Envoy drops its idle
-        # upstream connections first, so a request is never written on a connection being closed.
+        # Envoy closes its idle upstream connections after 4 s; the engine keeps them for
+        # launcher.ENGINE_KEEP_ALIVE_S, so only Envoy closes an idle connection and never writes a request on one
+        # the engine is closing.
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": UPSTREAM_OPTIONS_TYPE,
                 "common_http_protocol_options": {"idle_timeout": f"{UPSTREAM_IDLE_TIMEOUT_S}s"},
                 "explicit_http_config": {"http_protocol_options": {}},
+                "http_filters": [
+                    {"name": ANSWER_HEADERS_FILTER, "typed_config": {"@type": HEADER_MUTATION_TYPE, "mutations": {}}},
+                    {"name": "envoy.filters.http.upstream_codec", "typed_config": {"@type": UPSTREAM_CODEC_TYPE}},
+                ],
             }
         },
         # Envoy's default of 1024 pending/active requests per cluster stays; vLLM queues beyond max_num_seqs.
+        "circuit_breakers": {"thresholds": [{"priority": "DEFAULT", "retry_budget": RETRY_BUDGET}]},
     }
 
 
@@ -244,11 +270,13 @@ def parse_route_version(text: str) -> tuple[int, str | None, str | None]:
     return int(revision), (None if colour == "none" else colour), (None if version == "none" else version)
 
 
-def _headers(colour: str, backend: str) -> list[JSON]:
-    return [
-        {"header": {"key": COLOUR_HEADER, "value": colour}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
-        {"header": {"key": BACKEND_HEADER, "value": backend}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+def answer_headers(colour: str, backend: str) -> JSON:
+    """typed_per_filter_config of a route or weighted cluster: the colour headers on the engine's answers only."""
+    added = [
+        {"append": {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}
+        for key, value in ((COLOUR_HEADER, colour), (BACKEND_HEADER, backend))
     ]
+    return {ANSWER_HEADERS_FILTER: {"@type": HEADER_MUTATION_ROUTE_TYPE, "mutations": {"response_mutations": added}}}
 
 
 def _env_match(match: JSON, value: str) -> JSON:
@@ -257,32 +285,31 @@ def _env_match(match: JSON, value: str) -> JSON:
     return {**match, "headers": [header]}
 
 
-def _x_env_routes(settings: SwapSettings, colour: Colour, matches: list[JSON], prod: list[JSON]) -> list[JSON]:
+def _x_env_routes(settings: SwapSettings, colour: Colour, matches: list[JSON], prod: JSON) -> list[JSON]:
     """Header routes placed before the prod ones: staging, and the canary split whose prod share is `colour`.
 
-    The colour headers sit on each route or weighted cluster, never on the virtual host: Envoy (1.40) applies
-    a weighted cluster's response headers before the virtual host's, which would overwrite the canary's.
+    The colour headers sit on each route or weighted cluster: Envoy takes the most specific filter config.
     """
     routing = settings.routing
     served: list[JSON] = []
     for name in _colours(routing):
         # The upstream address the request went to, filled in by Envoy (per-backend observability).
-        headers = _headers(name, f"{name}/%UPSTREAM_REMOTE_ADDRESS%")
+        headers = answer_headers(name, f"{name}/%UPSTREAM_REMOTE_ADDRESS%")
         if name == STAGING:
             action: JSON = {"cluster": STAGING}
             route_headers = headers
         else:
             split: list[JSON] = [
-                {"name": CANARY, "weight": routing.canary_weight, "response_headers_to_add": headers},
-                {"name": colour, "weight": routing.prod_weight, "response_headers_to_add": prod},
+                {"name": CANARY, "weight": routing.canary_weight, "typed_per_filter_config": headers},
+                {"name": colour, "weight": routing.prod_weight, "typed_per_filter_config": prod},
             ]
             action = {"weighted_clusters": {"clusters": [c for c in split if c["weight"] > 0]}}
-            route_headers = []
+            route_headers = {}
         action.update({"timeout": "0s", "retry_policy": RETRY_POLICY})
         for match in matches:
             route: JSON = {"match": _env_match(match, name), "route": action}
             if route_headers:
-                route["response_headers_to_add"] = route_headers
+                route["typed_per_filter_config"] = route_headers
             served.append(route)
     return served
 
@@ -318,11 +345,11 @@ def routes(
         # timeout 0s: no route timeout, streams are bounded by the connection manager's idle timeout.
         action = {"cluster": colour, "timeout": "0s", "retry_policy": RETRY_POLICY}
         mirrored = {**action, "request_mirror_policies": mirror_policies(quality)}
-        headers = _headers(colour, f"{settings.model_name}-{version}:{settings.port(colour)}")
+        headers = answer_headers(colour, f"{settings.model_name}-{version}:{settings.port(colour)}")
 
         def prod(match: JSON) -> JSON:
             chat = match["path"] == CHAT_PATH and mirrored["request_mirror_policies"]
-            return {"match": match, "route": mirrored if chat else action, "response_headers_to_add": headers}
+            return {"match": match, "route": mirrored if chat else action, "typed_per_filter_config": headers}
 
         served = [*_x_env_routes(settings, colour, matches, headers), *map(prod, matches)]
     served.append({"match": {"prefix": "/"}, "direct_response": {"status": 404}})

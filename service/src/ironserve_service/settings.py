@@ -3,18 +3,83 @@
 from __future__ import annotations
 
 import re
+import types
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ironserve_service.kube import DNS_1123_LABEL, SERVICE_ACCOUNT_DIR
+
+
+def _takes_number_only(annotation: object) -> bool:
+    if get_origin(annotation) in {Union, types.UnionType}:
+        options = get_args(annotation)
+        return bool not in options and any(_takes_number_only(option) for option in options)
+    return annotation in {int, float}
 
 
 class _Strict(BaseModel):
     # Typos in the config file must fail loudly instead of silently using a default.
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: object, info: ValidationInfo) -> object:
+        # pydantic reads `true` as 1 for a number field (a port of 1, a timeout of one second): refused instead.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _takes_number_only(field.annotation):
+            raise ValueError("a boolean is not a number")
+        return value
+
+
+# The flags the launcher builds from typed settings (launcher.build_command): vLLM's argparse keeps the last of a
+# flag given twice, so one in extra_args would silently replace the checked value (a port, the listen host).
+LAUNCHER_FLAGS = frozenset(
+    {
+        "model", "served-model-name", "host", "port", "max-model-len", "gpu-memory-utilization", "max-num-seqs",
+        "tensor-parallel-size", "dtype", "custom-histogram-buckets", "cudagraph-capture-sizes", "enforce-eager",
+    }
+)  # fmt: skip
+# vLLM's short spellings of launcher flags (vllm/engine/arg_utils.py: -tp for --tensor-parallel-size).
+SHORT_FLAGS = {"-tp": "tensor-parallel-size"}
+# Never accepted: offloading weights or KV cache to CPU memory (the model stays resident on the GPU), and a config
+# file, which would set any flag without these checks.
+FORBIDDEN_FLAGS = {
+    "cpu-offload-gb": "CPU offload is not allowed: the whole model stays resident on the GPU",
+    "config": "a config file would set flags past these checks",
+}
+
+
+def _flag_name(arg: str) -> str | None:
+    """The long flag an argument names as vLLM's parser reads it (`--cpu_offload_gb=4` -> `cpu-offload-gb`)."""
+    if arg in SHORT_FLAGS:
+        return SHORT_FLAGS[arg]
+    if not arg.startswith("--") or arg == "--":
+        return None
+    # vLLM's FlexibleArgumentParser reads underscores as dashes.
+    return arg[2:].split("=", 1)[0].replace("_", "-").lower()
+
+
+def _extra_arg_problem(arg: str) -> str | None:
+    name = _flag_name(arg)
+    if name is None:
+        return None
+    if re.search(r"\s", arg.split("=", 1)[0]):
+        return f"{arg!r} is not one flag; accepted: one argument per list item, --flag=value or --flag then value"
+    # argparse also accepts an unambiguous prefix of a flag (`--cpu-offload`); every offload flag keeps weights or KV
+    # cache off the GPU.
+    if "offload" in name:
+        return f"{arg!r}: {FORBIDDEN_FLAGS['cpu-offload-gb']}"
+    forbidden = [why for flag, why in FORBIDDEN_FLAGS.items() if flag.startswith(name)]
+    if forbidden:
+        return f"{arg!r}: {forbidden[0]}"
+    spelt = sorted(flag for flag in LAUNCHER_FLAGS if flag.startswith(name) and len(name) >= 3)
+    if spelt:
+        setting = spelt[0].replace("-", "_")
+        return f"{arg!r} sets --{spelt[0]}, which the launcher sets from engine.{setting}; accepted: that setting"
+    return None
 
 
 class EngineSettings(_Strict):
@@ -53,9 +118,15 @@ class EngineSettings(_Strict):
             )
         if sizes and self.enforce_eager:
             raise ValueError("cudagraph_capture_sizes has no effect with enforce_eager")
-        if "--cpu-offload-gb" in self.extra_args:
-            raise ValueError("CPU offload is not allowed: the whole model stays resident on the GPU")
         return self
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args_as_a_command_line(cls, args: list[str]) -> list[str]:
+        problems = [p for p in map(_extra_arg_problem, args) if p]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return args
 
     @property
     def base_url(self) -> str:
@@ -96,8 +167,41 @@ class ExporterSettings(_Strict):
     gpus_billed: int = Field(default=2, gt=0)
 
 
+# Prometheus' duration grammar (docs: configuration, <duration>): units from the largest down, each at most once,
+# `1h30m`, `5m`, `500ms`; no spaces, no fractions. The SLO rules write these into PromQL ranges and `for:` clauses.
+PROMETHEUS_DURATION = re.compile(
+    r"(?=[0-9])(?:[0-9]+y)?(?:[0-9]+w)?(?:[0-9]+d)?(?:[0-9]+h)?(?:[0-9]+m)?(?:[0-9]+s)?(?:[0-9]+ms)?"
+)
+# A metric name (Prometheus data model) and a label value the rules quote: nothing that ends the quoted string.
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+LABEL_VALUE = re.compile(r"[A-Za-z0-9_.:/-]{1,128}")
+
+
+def _duration(value: str) -> str:
+    if not PROMETHEUS_DURATION.fullmatch(value) or not re.search(r"[1-9]", value):
+        raise ValueError(
+            "is not a Prometheus duration; accepted: digits with units y w d h m s ms, largest first, such as 5m, 1h30m"
+        )
+    return value
+
+
+def _metric_name(value: str) -> str:
+    if not METRIC_NAME.fullmatch(value):
+        raise ValueError("is not a Prometheus metric name; accepted: [a-zA-Z_:][a-zA-Z0-9_:]*")
+    return value
+
+
+def _label_value(value: str) -> str:
+    if not LABEL_VALUE.fullmatch(value):
+        raise ValueError("is not a plain label value; accepted: 1-128 of A-Z a-z 0-9 _ . : / -")
+    return value
+
+
+Duration = Annotated[str, AfterValidator(_duration)]
+
+
 class SloSettings(_Strict):
-    latency_metric: str = "http_request_duration_seconds"
+    latency_metric: Annotated[str, AfterValidator(_metric_name)] = "http_request_duration_seconds"
     # slo-p95-latency's 400 ms, applied to what a user waits before the answer starts (time to first token):
     # on total request latency it would page on every long answer.
     ttft_p95_s: float = Field(default=0.4, gt=0)
@@ -105,7 +209,7 @@ class SloSettings(_Strict):
     # scenario (MLCommons, v4.0 rules), above human reading speed.
     tpot_p95_s: float = Field(default=0.2, gt=0)
     # How long the serving engine or the exporter may be unreachable before it pages.
-    target_down_for: str = "1m"
+    target_down_for: Duration = "1m"
     paging_latency_s: float = 0.5
     paging_fast_ratio: float = 0.999
     paging_error_ratio: float = 0.001
@@ -115,15 +219,15 @@ class SloSettings(_Strict):
     # Decimal bytes (20.8 GB = 20.8e9 B), not GiB: the seed's figure is an A10 headroom threshold.
     gpu_memory_alert_bytes: int = 20_800_000_000
     kv_cache_usage_max: float = Field(default=0.95, gt=0, le=1)
-    kv_cache_for: str = "3m"
+    kv_cache_for: Duration = "3m"
     memory_leak_max_bytes_per_hour: float = 300_000.0
-    leak_window: str = "6h"
+    leak_window: Duration = "6h"
     # With a 5 s scrape interval, the 1 m window detects a latency regression in about a minute.
-    fast_window: str = "1m"
-    slo_window: str = "5m"
+    fast_window: Duration = "1m"
+    slo_window: Duration = "5m"
     # Mirrored samples are sparse; a longer window keeps the success rate from flapping.
-    quality_window: str = "30m"
-    job: str = "ironserve"
+    quality_window: Duration = "30m"
+    job: Annotated[str, AfterValidator(_label_value)] = "ironserve"
 
 
 class ReleaseSettings(_Strict):

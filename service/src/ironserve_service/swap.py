@@ -44,6 +44,14 @@ from ironserve_service.settings import COLOURS, Colour, ServiceSettings
 # The route-switch gate's pause between two questions to Envoy: a few questions for the milliseconds a switch
 # takes, and the switch it reports lags the real one by half of this on average.
 SWITCH_POLL_S = 0.001
+# The starting colour's CPU share, half the serving one's where both want the host's CPUs: loading (imports,
+# weights, warm-up) at an equal share starved the serving engine's API server (issue 33); a fifth made a start at
+# 50 streaming clients on 2 cores outlast a 240 s ready timeout. A unit's cgroup cpu.weight (cgroup v2; systemd's
+# CPUWeight= default 100), else the launcher session's autogroup nice (sched(7)); nice 3 is CFS weight 526 against
+# nice 0's 1024 (the kernel's sched_prio_to_weight table).
+STARTING_CPU_WEIGHT, SERVING_CPU_WEIGHT = 50, 100
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+STARTING_AUTOGROUP_NICE, SERVING_AUTOGROUP_NICE = 3, 0
 
 
 class GateFailed(Exception):
@@ -107,6 +115,7 @@ def start_colour(settings: ServiceSettings, colour: Colour, model_dir: Path) -> 
         started = systemctl("start", unit)
         if started.returncode != 0:
             raise GateFailed("start", f"systemctl start {unit}: {started.stderr.strip()}")
+        cpu_share(settings, colour, starting=True)  # its cgroup exists once started; the load comes after
         return
     with (directory / "launcher.log").open("ab") as log:
         process = subprocess.Popen(
@@ -114,6 +123,34 @@ def start_colour(settings: ServiceSettings, colour: Colour, model_dir: Path) -> 
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
     (directory / "launcher.pid").write_text(f"{process.pid}\n")
+    cpu_share(settings, colour, starting=True)
+
+
+def cpu_share(settings: ServiceSettings, colour: Colour, starting: bool) -> None:
+    """The colour's CPU share against the other colour's: STARTING_* until its engine is ready, SERVING_* after.
+
+    A unit is a cgroup of its own: its cpu.weight is written directly, not through `systemctl set-property`, whose
+    drop-in (system.control) the security role and the gate rightly treat as a foreign override of a hardened unit;
+    systemd puts its own CPUWeight= back on a reload, the serving share. Without units, the launcher's session (the
+    engine runs in it) is the group the kernel shares CPUs between under autogroup scheduling, which applies to
+    tasks outside any cgroup with a CPU controller; its nice is /proc/<pid>/autogroup (sched(7)). Best effort: a
+    cgroup without the CPU controller, a kernel without autogroups, or a launcher already gone, leaves the share as
+    it was."""
+    unit = settings.swap.unit(colour)
+    if unit is not None:
+        group = systemctl("show", "--property=ControlGroup", "--value", unit).stdout.strip()
+        if group.startswith("/"):
+            with contextlib.suppress(OSError):
+                (CGROUP_ROOT / group.lstrip("/") / "cpu.weight").write_text(
+                    f"{STARTING_CPU_WEIGHT if starting else SERVING_CPU_WEIGHT}\n"
+                )
+        return
+    pid = launcher_pid(settings, colour)
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{pid}/autogroup").write_text(
+                f"{STARTING_AUTOGROUP_NICE if starting else SERVING_AUTOGROUP_NICE}\n"
+            )
 
 
 def launcher_log_tail(settings: ServiceSettings, colour: Colour) -> str:
@@ -369,6 +406,8 @@ def start_and_wait(settings: ServiceSettings, colour: Colour, model_dir: Path, l
             tail = launcher_log_tail(settings, colour).strip()
             raise GateFailed("readiness", f"{colour} launcher exited before ready: ...{tail}")
         if colour_readiness(settings, colour).ready_marker.exists():
+            # Its full share before the gates that measure it (release-check, load-chaos) and before it serves.
+            cpu_share(settings, colour, starting=False)
             return
         if time.monotonic() > deadline:
             raise GateFailed("readiness", f"{colour} not ready after {settings.swap.ready_timeout_s}s")
