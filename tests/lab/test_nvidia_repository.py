@@ -46,8 +46,14 @@ def _inventory(tmp_path: Path, host: LabHost, variant: str) -> str:
         from ironserve_lab.inventory import lab_groups
 
         lab_containers, _ = lab_groups()
+        variant = "/variants/{variant}"
         lab_containers = [
-            (name, {{**data, "nvidia_repo_url": data["nvidia_repo_url"] + "/variants/{variant}"}})
+            (name, {{
+                **data,
+                "nvidia_repo_url": data["nvidia_repo_url"] + variant,
+                # The lab mirror is plain http, each URL allowed by name (nvidia_allow_plain_http).
+                "nvidia_allow_plain_http": [*data["nvidia_allow_plain_http"], data["nvidia_repo_url"] + variant],
+            }})
             for name, data in lab_containers if name == {host.name!r}
         ]
         """)
