@@ -42,6 +42,24 @@ class SysctlEntry:
     writable: bool  # False on a read-only /proc/sys or a kernel-global key inside a container
 
 
+def grep_files(globs: Iterable[str], pattern: str, invert: bool = False) -> str:
+    """The shell command printing `path:line` (grep -H) for each line of the files of `globs` that matches the ERE
+    `pattern` (or does not, with `invert`). Globs left unquoted so the shell expands them; one that matches nothing
+    stays literal and -f drops it."""
+    flags = "-H -v -E" if invert else "-H -E"
+    return f'for f in {" ".join(globs)}; do [ -f "$f" ] && grep {flags} {shlex.quote(pattern)} "$f"; done; true'
+
+
+def lines_by_file(output: Iterable[str]) -> dict[str, list[str]]:
+    """`path:line` as grep -H prints them -> path -> its lines, stripped (the paths read here hold no colon)."""
+    files: dict[str, list[str]] = {}
+    for line in output:
+        path, colon, text = line.partition(":")
+        if colon:
+            files.setdefault(path, []).append(text.strip())
+    return files
+
+
 def _proc_path(key: str) -> str:
     return "/proc/sys/" + key.replace(".", "/")
 

@@ -11,6 +11,7 @@ from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 from pyinfra.context import host
 
+from ironserve.facts import grep_files, lines_by_file
 from ironserve.operations import Commands
 from ironserve.owned import backed_up
 from ironserve.speed.reads import Read, read, reading_operation
@@ -29,19 +30,10 @@ class ModprobeRules(FactBase[dict[str, list[str]]]):
         return {}
 
     def command(self) -> str:
-        # Globs left unquoted so the shell expands them; one that matches nothing stays literal and -f drops it.
-        return (
-            f'for f in {" ".join(MODPROBE_GLOBS)}; do [ -f "$f" ] && '
-            "grep -H -E '^[[:space:]]*(blacklist|install)[[:space:]]' \"$f\"; done; true"
-        )
+        return grep_files(MODPROBE_GLOBS, "^[[:space:]]*(blacklist|install)[[:space:]]")
 
     def process(self, output: Iterable[str]) -> dict[str, list[str]]:
-        rules: dict[str, list[str]] = {}
-        for line in output:
-            path, colon, text = line.partition(":")
-            if colon:
-                rules.setdefault(path, []).append(text.strip())
-        return rules
+        return lines_by_file(output)
 
 
 def module_name(name: str) -> str:

@@ -26,7 +26,7 @@ from pyinfra.api.facts import FactBase
 
 from ironserve.apt import same_repository
 from ironserve.aptindex import upstream
-from ironserve.facts import parse_dpkg_query, sections
+from ironserve.facts import grep_files, lines_by_file, parse_dpkg_query, sections
 
 SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 # shim mirrors MokSBState (validation disabled by `mokutil --disable-validation`) into this runtime variable; the
@@ -393,22 +393,10 @@ class AptSourceFiles(FactBase[dict[str, list[str]]]):
         return {}
 
     def command(self) -> str:
-        # Globs left unquoted so the shell expands them; one that matches nothing stays literal and -f drops it.
-        globs = " ".join(APT_SOURCE_GLOBS)
-        return f'for f in {globs}; do [ -f "$f" ] && grep -H -v -E \'^[[:space:]]*(#|$)\' "$f"; done; true'
+        return grep_files(APT_SOURCE_GLOBS, "^[[:space:]]*(#|$)", invert=True)
 
     def process(self, output: Iterable[str]) -> dict[str, list[str]]:
-        return parse_source_files(output)
-
-
-def parse_source_files(lines: Iterable[str]) -> dict[str, list[str]]:
-    """`path:line` as grep -H prints them -> path -> its lines (apt's source paths hold no colon)."""
-    files: dict[str, list[str]] = {}
-    for line in lines:
-        path, colon, text = line.partition(":")
-        if colon:
-            files.setdefault(path, []).append(text.strip())
-    return files
+        return lines_by_file(output)
 
 
 def sources_naming(files: dict[str, list[str]], url: str) -> list[str]:
@@ -440,9 +428,7 @@ class CudaHomeAssignments(FactBase[dict[str, list[str]]]):
         return {}
 
     def command(self) -> str:
-        # Globs left unquoted so the shell expands them; one that matches nothing stays literal and -f drops it.
-        globs = " ".join(SHELL_STARTUP_GLOBS)
-        return f'for f in {globs}; do [ -f "$f" ] && grep -H -E \'{CUDA_HOME_ASSIGNMENT}\' "$f"; done; true'
+        return grep_files(SHELL_STARTUP_GLOBS, CUDA_HOME_ASSIGNMENT)
 
     def process(self, output: Iterable[str]) -> dict[str, list[str]]:
-        return parse_source_files(output)
+        return lines_by_file(output)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from pyinfra.api.facts import FactBase
 
+from ironserve.facts import lines_by_file
+
 
 class PasswordState(FactBase[str | None]):
     """locked, empty or set: the account's password field in /etc/shadow; None when the account is missing."""
@@ -105,9 +107,4 @@ class SudoGrants(FactBase[dict[str, list[str]]]):
         )
 
     def process(self, output: Iterable[str]) -> dict[str, list[str]]:
-        grants: dict[str, list[str]] = {}
-        for line in output:
-            path, colon, text = line.partition(":")
-            if colon:
-                grants.setdefault(path, []).append(text.strip())
-        return grants
+        return lines_by_file(output)

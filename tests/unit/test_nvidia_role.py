@@ -14,7 +14,7 @@ from operation_harness import FakeHost, fact_key, run_operation
 from ironserve.apt import preferences, unattended_blacklist
 from ironserve.aptindex import upstream
 from ironserve.config import ConfigError
-from ironserve.facts import parse_dpkg_query, parse_os_release
+from ironserve.facts import lines_by_file, parse_dpkg_query, parse_os_release
 from ironserve.packages import distro_key, package_violations, pinned_packages
 from ironserve.profiles import read_profile
 from ironserve_lab import aptrepo
@@ -33,7 +33,6 @@ from roles.nvidia.facts import (
     parse_module_version,
     parse_runfile,
     parse_secure_boot,
-    parse_source_files,
     parse_stack,
     sources_naming,
     stack_problems,
@@ -512,6 +511,6 @@ def test_mirror_serves_a_runfile_per_profile_driver() -> None:
     ],
 )
 def test_a_source_file_names_the_repository_by_its_uri_in_either_format(line: str, names: bool) -> None:
-    files = parse_source_files([f"/etc/apt/sources.list.d/other.list:{line}"])
+    files = lines_by_file([f"/etc/apt/sources.list.d/other.list:{line}"])
     expected = ["/etc/apt/sources.list.d/other.list"] if names else []
     assert sources_naming(files, "https://nv.example/repos/debian12/x86_64/") == expected
