@@ -11,7 +11,8 @@ from ironserve.modprobe import blocks
 
 
 def not_root_only(host: Any, paths: list[str]) -> dict[str, str]:
-    """Each of `paths` that is not a root:root regular file writable by root alone -> `kind user:group mode`."""
+    """Each of `paths` that is not a root:root regular file or directory writable by root alone (a directory
+    another user may write lets that user replace the files in it) -> `kind user:group mode`."""
     quoted = " ".join(shlex.quote(path) for path in paths)
     out = host.run(f'for p in {quoted}; do echo "$p|$(stat -c "%F|%U:%G|%a" "$p" 2>/dev/null || echo missing)"; done')
     wrong = {}
@@ -19,7 +20,7 @@ def not_root_only(host: Any, paths: list[str]) -> dict[str, str]:
         path, _, shape = line.partition("|")
         kind, _, rest = shape.partition("|")
         owner, _, mode = rest.partition("|")
-        if kind != "regular file" or owner != "root:root" or int(mode or "0", 8) & 0o022:
+        if kind not in {"regular file", "directory"} or owner != "root:root" or int(mode or "0", 8) & 0o022:
             wrong[path] = shape.replace("|", " ")
     return wrong
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 import tomllib
@@ -14,7 +15,7 @@ from ironserve.apt import preferences
 from ironserve.facts import parse_os_release
 from ironserve.sysctl_boot import SysctlBootOrder, boot_overrides
 from roles import StackConfig
-from roles.container_runtime import MODULES_FILE, PIN_FILE, PIN_PRIORITY, SYSCTL_FILE
+from roles.container_runtime import MODULES_FILE, NVIDIA_CLI_CONFIG, PIN_FILE, PIN_PRIORITY, SYSCTL_FILE
 from roles.container_runtime.facts import config_argument
 from roles.container_runtime.render import CRI, DEVMAPPER, ContainerdConfigError, check_config
 
@@ -65,8 +66,10 @@ def test_containerd_pin_file_is_the_rendered_one(host: Any, config: StackConfig,
 
 @pytest.mark.invariant("cri-containerd")
 def test_files_deciding_what_runs_as_root_are_root_only(host: Any, observe: Any) -> None:
-    # containerd runs as root the runtimes its config names; apt installs the pinned version; the kernel loads these.
-    wrong = not_root_only(host, [CONFIG, PIN_FILE, SYSCTL_FILE, MODULES_FILE])
+    # containerd runs as root the runtimes its config names; apt installs the pinned version; the kernel loads these;
+    # the NVIDIA hook runs as root what its config names (where the toolkit is installed).
+    toolkit = [NVIDIA_CLI_CONFIG] if host.file(NVIDIA_CLI_CONFIG).exists else []
+    wrong = not_root_only(host, [posixpath.dirname(CONFIG), CONFIG, PIN_FILE, SYSCTL_FILE, MODULES_FILE, *toolkit])
     observe(wrong or "all root:root, writable by root alone")
     assert wrong == {}
 
@@ -158,7 +161,7 @@ def test_containerd_journal_has_no_errors(host: Any, observe: Any) -> None:
 
 @pytest.mark.invariant("cri-nvidia-container-cli-cgroups")
 def test_nvidia_container_cli_keeps_cgroups(host: Any, observe: Any) -> None:
-    path = "/etc/nvidia-container-runtime/config.toml"
+    path = NVIDIA_CLI_CONFIG
     if not host.file(path).exists:
         pytest.skip("nvidia-container-toolkit is not installed on this host (no GPU runtime to configure)")
     section = tomllib.loads(host.file(path).content_string).get("nvidia-container-cli", {})

@@ -31,6 +31,9 @@ def _wanted(config: StackConfig, key: str) -> str:
     return config.host_tuning.sysctls[key]
 
 
+@pytest.mark.invariant(
+    "sysctl-rmem-max", "sysctl-wmem-max", "sysctl-tcp-slow-start-after-idle", "net-ip-local-port-range"
+)
 def test_files_deciding_what_runs_as_root_are_root_only(host: Any, config: StackConfig, observe: Any) -> None:
     # systemd-sysctl applies the file as root at every boot.
     wrong = not_root_only(host, [config.host_tuning.sysctl_file])

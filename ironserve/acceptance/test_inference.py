@@ -70,6 +70,8 @@ def _serving_mode(request: pytest.FixtureRequest, config: StackConfig) -> None:
         pytest.skip(f"inference_mode is {config.inference.mode} on this host")
 
 
+# A drop-in can re-point any of them: another config, user, port or ExecStart than the deploy's.
+@pytest.mark.invariant("sec-non-root-service", "svc-engine-vllm", "ingress-envoy", "hot-swap-etcd-key")
 @pytest.mark.parametrize("unit", ["etcd.service", *COMPONENTS, SERVE_UNIT])
 def test_no_admin_drop_in_overrides_a_service_unit(host: Any, unit: str, observe: Any) -> None:
     # A `systemctl edit` override (another ExecStart, an environment) outranks the role's unit file.
@@ -212,6 +214,7 @@ def test_the_served_versions_files_match_its_sealed_manifest(host: Any, config: 
     assert differs == {}
 
 
+@pytest.mark.invariant("net-ip-local-port-range", "net-port-inventory")
 def test_the_services_ports_are_reserved_from_ephemeral_use(host: Any, config: StackConfig, observe: Any) -> None:
     # In force, not the file: an outgoing connection bound to one of them before the service starts makes it fail.
     in_force = host.run("cat /proc/sys/net/ipv4/ip_local_reserved_ports").stdout

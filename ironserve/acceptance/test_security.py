@@ -326,6 +326,8 @@ def test_slice_unit_is_the_rendered_one(host: Any, config: StackConfig, observe:
     assert content == expected
 
 
+@SERVICE_INVARIANTS
+@SLICE_INVARIANTS
 def test_no_foreign_drop_in_overrides_a_managed_unit(
     host: Any, config: StackConfig, managed_unit: str, observe: Any
 ) -> None:

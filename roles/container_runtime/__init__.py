@@ -23,7 +23,7 @@ from ironserve.dropins import foreign_dropins_moved_aside
 from ironserve.facts import ContainerKind, OsDistro
 from ironserve.modprobe import modules_not_blocked
 from ironserve.operations import Commands, live_sysctl, service_state, stop_host
-from ironserve.owned import backed_up, backup_path, owned_directory, owned_file, unmasked
+from ironserve.owned import OwnedPath, backed_up, backup_path, owned_directory, owned_file, unmasked
 from ironserve.run import HostRun
 from ironserve.speed.reads import Read, read, reading_operation
 from ironserve.sysctl_boot import boot_sysctls_win
@@ -95,10 +95,11 @@ def swap_off() -> Commands:
         yield StringCommand("systemctl", "disable", "--now", QuoteString(unit))
 
 
-@reading_operation(reads=lambda path, **_: [Read(FileContents, {"path": path})])
+@reading_operation(reads=lambda path, **_: [Read(FileContents, {"path": path}), Read(OwnedPath, {"path": path})])
 def nvidia_cli_cgroups(path: str, clear_immutable: bool = False) -> Commands:
     """cri-nvidia-container-cli-cgroups: `no-cgroups = false` under [nvidia-container-cli], so the NVIDIA hook
-    puts the GPU devices in the container's cgroup; the edit is checked as TOML before it is written."""
+    puts the GPU devices in the container's cgroup; the edit is checked as TOML before it is written. The file is
+    root's alone (0644 root:root): the hook runs as root what it names (ldconfig, the CLI's path)."""
     lines = read(FileContents, path=path)
     if lines is None:
         host.noop(f"{path} absent: nvidia-container-toolkit is not installed (the NVIDIA role installs it)")
@@ -111,9 +112,6 @@ def nvidia_cli_cgroups(path: str, clear_immutable: bool = False) -> Commands:
         # setting ironserve owns is written; the broken file is kept for the admin.
         wanted = NVIDIA_CLI_MINIMAL.format(backup=backup_path(path))
         yield from backed_up(path, f"is not TOML ({exc}), rewritten", keep_original=True)
-    if wanted == current:
-        host.noop(f"{path}: no-cgroups = false under [nvidia-container-cli]")
-        return
     yield from owned_file._inner(path=path, content=wanted, clear_immutable=clear_immutable)
 
 
@@ -180,6 +178,8 @@ def container_runtime(config: StackConfig, run: HostRun) -> None:
             content=hosts_toml(registry, mirror),
             clear_immutable=frozen,
         )
+    # Whoever may write the folder may replace the config in it.
+    owned_directory(name="containerd's folder", path=posixpath.dirname(CONFIG), clear_immutable=frozen)
     written = owned_file(
         name="containerd config.toml (schema-checked)",
         path=CONFIG,

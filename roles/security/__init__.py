@@ -27,6 +27,7 @@ from roles.security.facts import (
     AccountShape,
     GroupNumber,
     PasswordState,
+    SudoAllows,
     SudoGrants,
     SupplementaryGroups,
 )
@@ -65,15 +66,16 @@ def only_own_group(user: str) -> Commands:
         yield StringCommand("gpasswd", "--delete", QuoteString(user), QuoteString(group))
 
 
-@reading_operation(reads=lambda user, group, **_: [Read(SudoGrants, {"user": user, "group": group})])
+@reading_operation(
+    reads=lambda user, group, **_: [Read(SudoGrants, {"user": user, "group": group}), Read(SudoAllows, {"user": user})]
+)
 def no_sudo_grants(user: str, group: str) -> Commands:
-    """Move every /etc/sudoers.d file that grants the service account or its group into BACKUP_DIR: sudo for the
-    account hands root to whatever the service runs. A grant in /etc/sudoers itself stops the host instead (editing
-    that file is visudo's job, one mistake locks every admin out)."""
+    """Move every /etc/sudoers.d file that names the service account or its group (a rule or a User_Alias) into
+    BACKUP_DIR: sudo for the account hands root to whatever the service runs. A grant in /etc/sudoers itself stops
+    the host instead (editing that file is visudo's job, one mistake locks every admin out), and so does a right
+    sudo lists for the account that no file names it for (an ALL rule, a group alias)."""
     grants = read(SudoGrants, user=user, group=group)
-    if not grants:
-        host.noop(f"no sudoers line grants {user} or %{group}")
-        return
+    allowed = read(SudoAllows, user=user)
     if SUDOERS in grants:
         yield failing(
             f"{SUDOERS} grants the service account sudo ({'; '.join(grants[SUDOERS])}): remove it with visudo; "
@@ -81,9 +83,14 @@ def no_sudo_grants(user: str, group: str) -> Commands:
         )
         return
     for path, lines in grants.items():
-        yield from backed_up(
-            path, f"grants the service account sudo ({'; '.join(lines)}); other lines in it are kept there"
+        yield from backed_up(path, f"names the service account ({'; '.join(lines)}); other lines in it are kept there")
+    if allowed and not grants:
+        yield failing(
+            f"sudo -l -U {user} lists {'; '.join(allowed)} by a rule that names neither {user} nor %{group} (ALL, "
+            "an alias of a group it is in): remove it with visudo; the service account never gets sudo"
         )
+    elif not grants:
+        host.noop(f"sudo allows {user} nothing" if allowed == [] else f"no sudoers file names {user} or %{group}")
 
 
 # A system account's uids (Debian policy 9.2.2, login.defs SYS_UID_MIN/MAX), as security_uid allows them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from collections.abc import Iterable
@@ -88,18 +89,19 @@ SUDOERS_DIR = "/etc/sudoers.d"
 
 
 class SudoGrants(FactBase[dict[str, list[str]]]):
-    """The sudoers lines that grant `user` or its group (`user ...`, `%group ...`), by file: /etc/sudoers and each
-    file of /etc/sudoers.d that sudo reads (its names without a dot or a trailing ~, sudoers(5)); empty without
-    sudo's files."""
+    """The sudoers lines that name `user` or `%group` (a rule, or a User_Alias that a rule of the same file uses),
+    by file: /etc/sudoers and each file of /etc/sudoers.d that sudo reads (its names without a dot or a trailing
+    ~, sudoers(5)); comments and Defaults lines left out; empty without sudo's files."""
 
     @staticmethod
     def default() -> dict[str, list[str]]:
         return {}
 
     def command(self, user: str, group: str) -> str:
-        # ERE specials escaped; `-` stays bare (grep 3.8 warns of a stray backslash before it).
+        # ERE specials escaped; `-` stays bare (grep 3.8 warns of a stray backslash before it). A name is a whole
+        # token: bounded by what sudoers puts around a user list (start, blanks, `=`, `,`, `!`).
         who = "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", name) for name in (user, f"%{group}"))
-        pattern = shlex.quote(f"^[[:space:]]*({who})[[:space:]]")
+        pattern = shlex.quote(f"^[^#]*(^|[[:space:]=,!])({who})([[:space:],]|$)")
         return (
             f'for f in {SUDOERS} {SUDOERS_DIR}/*; do case "${{f##*/}}" in *.*|*~) '
             f'[ "$f" = {SUDOERS} ] || continue;; esac; '
@@ -107,4 +109,40 @@ class SudoGrants(FactBase[dict[str, list[str]]]):
         )
 
     def process(self, output: Iterable[str]) -> dict[str, list[str]]:
-        return lines_by_file(output)
+        files = {
+            path: [line for line in lines if not line.startswith("Defaults")]
+            for path, lines in lines_by_file(output).items()
+        }
+        return {path: lines for path, lines in files.items() if lines}
+
+
+NO_SUDO = "no sudo"
+# sudo 1.9 (Debian 12): "sudo: unknown user ai-runner"; 1.8: "sudo: unknown user: ai-runner".
+UNKNOWN_USER = re.compile(r"^sudo: unknown user:? \S+$")
+
+
+class SudoAllows(FactBase[list[str] | None]):
+    """What sudo itself allows `user` (`sudo -n -l -U`: every sudoers file, alias, group and ALL rule in force):
+    the rules it lists, [] when it says the user may not run sudo or does not know the user, None without sudo.
+    Output of neither shape (a sudoers file sudo cannot parse) is returned whole, so that it is named rather than
+    read as no rights."""
+
+    def command(self, user: str) -> str:
+        return f"command -v sudo >/dev/null || {{ echo {shlex.quote(NO_SUDO)}; exit 0; }}; " + (
+            f"LC_ALL=C sudo -n -l -U {shlex.quote(user)} 2>&1; true"
+        )
+
+    def process(self, output: Iterable[str]) -> list[str] | None:
+        lines = [line.rstrip() for line in output if line.strip()]
+        if lines == [NO_SUDO]:
+            return None
+        # An account not created yet has no rights yet (a rule naming it is SudoGrants' to find).
+        if any(line.startswith("User ") and " is not allowed to run sudo on " in line for line in lines) or any(
+            UNKNOWN_USER.match(line) for line in lines
+        ):
+            return []
+        for index, line in enumerate(lines):
+            if line.startswith("User ") and " may run the following commands on " in line:
+                rules = itertools.takewhile(lambda rule: rule.startswith((" ", "\t")), lines[index + 1 :])
+                return [rule.strip() for rule in rules]
+        return lines

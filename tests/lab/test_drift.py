@@ -53,6 +53,8 @@ CUDA_HOME = "/usr/local/cuda-11.8"
 CUDA_KEYRING_LIST = "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
 CONTAINERD_OVERRIDE = "/etc/systemd/system/containerd.service.d/override.conf"
 MODULES_LOAD = "/etc/modules-load.d/ironserve-containers.conf"
+RUNNER = CONFIG.security.user
+SUDO_REFUSES = f"LC_ALL=C sudo -n -l -U {RUNNER} | grep -q 'is not allowed to run sudo'"
 
 
 @dataclass(frozen=True)
@@ -403,6 +405,14 @@ ROUNDS: dict[str, tuple[tuple[Drift, ...], tuple[Drift, ...]]] = {
                 said="/etc/profile.d/zz-cuda12.sh",
             ),
             Drift(
+                "sudoers-d-grants-the-service-account",
+                f"echo '{RUNNER} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/90-{RUNNER} && "
+                f"chmod 0440 /etc/sudoers.d/90-{RUNNER}",
+                "test_service_account_has_no_sudo_rights",
+                f"{SUDO_REFUSES} && [ -f /var/backups/ironserve/etc/sudoers.d/90-{RUNNER} ]",
+                said=f"/etc/sudoers.d/90-{RUNNER}",
+            ),
+            Drift(
                 "containerd-config-world-writable",
                 f"chown nobody:nogroup {CONTAINERD_CONFIG} && chmod 0666 {CONTAINERD_CONFIG}",
                 "test_files_deciding_what_runs_as_root_are_root_only",
@@ -444,6 +454,26 @@ ROUNDS: dict[str, tuple[tuple[Drift, ...], tuple[Drift, ...]]] = {
                 "! modprobe --showconfig | grep -qE '^(install br_netfilter|blacklist overlay)' && "
                 "[ -f /var/backups/ironserve/etc/modprobe.d/hardening.conf ]",
                 said="/etc/modprobe.d/hardening.conf",
+            ),
+            Drift(
+                "sudo-user-alias-names-the-service-account",
+                f"printf 'User_Alias RUNNERS = deploy, {RUNNER}\\nRUNNERS ALL=(ALL) NOPASSWD: ALL\\n' "
+                "> /etc/sudoers.d/runners && chmod 0440 /etc/sudoers.d/runners",
+                "test_service_account_has_no_sudo_rights",
+                f"{SUDO_REFUSES} && [ -f /var/backups/ironserve/etc/sudoers.d/runners ]",
+                said="/etc/sudoers.d/runners",
+            ),
+            Drift(
+                "nvidia-cli-config-world-writable",
+                f"chmod 0666 {NVIDIA_CLI}",
+                "test_files_deciding_what_runs_as_root_are_root_only",
+                saved=(NVIDIA_CLI,),
+            ),
+            Drift(
+                "containerd-folder-world-writable",
+                f"chmod 0777 {posixpath.dirname(CONTAINERD_CONFIG)}",
+                "test_files_deciding_what_runs_as_root_are_root_only",
+                f'[ "$(stat -c %a:%U:%G {posixpath.dirname(CONTAINERD_CONFIG)})" = 755:root:root ]',
             ),
             Drift(
                 "modules-load-file-world-writable",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from ironserve.config import ConfigError
 from roles import stack_config
 from roles.container_runtime.facts import KernelModules, SwapState
-from roles.security.facts import PasswordState
+from roles.security.facts import SUDOERS, SUDOERS_DIR, PasswordState, SudoGrants
 from roles.security.render import (
     FORBIDDEN_SYSCALLS,
     SECCOMP_PROFILE,
@@ -136,3 +137,32 @@ def test_kernel_modules_and_swap_and_holds() -> None:
         "unit": ["swapfile.swap"],
     }
     assert SwapState.default() == {"active": [], "fstab": [], "unit": []}
+
+
+def test_sudo_grants_names_every_file_that_names_the_account(tmp_path: Path) -> None:
+    """The fact's real command (sh, grep) over sudoers files made for it: a rule, a User_Alias, the group; a
+    Defaults line, a comment and longer names that contain the account's are not grants; files sudo skips (a dot
+    or a trailing ~ in the name, sudoers(5)) are not read."""
+    sudoers, folder = tmp_path / "sudoers", tmp_path / "sudoers.d"
+    folder.mkdir()
+    sudoers.write_text("root ALL=(ALL:ALL) ALL\n%sudo ALL=(ALL:ALL) ALL\n@includedir /etc/sudoers.d\n")
+    files = {
+        "90-runner": "ai-runner ALL=(ALL) NOPASSWD: ALL\n",
+        "runners": "# ai-runner's team\nDefaults:ai-runner !requiretty\nUser_Alias RUNNERS = deploy,ai-runner\n"
+        "RUNNERS ALL=(ALL) ALL\n",
+        "group": "%ai-runner ALL=(ALL) ALL\n",
+        "others": "ai-runner2 ALL=(ALL) ALL\nxai-runner ALL=ALL\n%ai-runners ALL=ALL\n",
+        "kept.bak": "ai-runner ALL=(ALL) ALL\n",
+        "kept~": "ai-runner ALL=(ALL) ALL\n",
+    }
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    command = SudoGrants().command(user="ai-runner", group="ai-runner")
+    command = command.replace(SUDOERS_DIR, str(folder)).replace(SUDOERS, str(sudoers))
+    printed = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert printed.stderr == ""
+    assert SudoGrants().process(printed.stdout.splitlines()) == {
+        f"{folder}/90-runner": ["ai-runner ALL=(ALL) NOPASSWD: ALL"],
+        f"{folder}/group": ["%ai-runner ALL=(ALL) ALL"],
+        f"{folder}/runners": ["User_Alias RUNNERS = deploy,ai-runner"],
+    }

@@ -43,6 +43,7 @@ ROOTFS_PACKAGES = [
     "openssh-server",
     "procps",
     "python3",
+    "sudo",  # as on most servers: the security role's grants and the gate's `sudo -l` run against the real one
     "systemd",
     "systemd-sysv",
 ]
