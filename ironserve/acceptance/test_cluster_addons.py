@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
+from ironserve.acceptance.checks import not_root_only
 from ironserve.helm import HelmRelease
 from ironserve.kubectl import ADMIN_KUBECONFIG, SecretKeyDigest
 from roles import StackConfig
-from roles.cluster_addons import render, render_corefile
+from roles.cluster_addons import BUILT_IN_OBJECTS, CUSTOM_OBJECTS, OBJECTS_DIR, VALUES_DIR, render, render_corefile
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +47,20 @@ def test_the_add_ons_objects_are_in_force_as_rendered(cluster_diff: Any, config:
     observe(diff)
     assert diff is not None, f"no {ADMIN_KUBECONFIG} on this control plane"
     assert (diff.status, diff.stderr) == (0, "")
+
+
+@pytest.mark.invariant("cni-cilium", "dns-coredns", "ingress-envoy", "cert-manager-dns01-cloudflare")
+def test_files_deciding_what_runs_as_root_are_root_only(host: Any, config: StackConfig, observe: Any) -> None:
+    # The deploy applies these with the cluster's admin credentials: whoever may write one decides what the
+    # cluster runs, privileged pods included.
+    values = [
+        f"{VALUES_DIR}/{release.name}.values.yaml"
+        for release in render.helm_releases(config, render.trust_anchors_pem(config.cluster_addons))
+    ]
+    paths = [OBJECTS_DIR, BUILT_IN_OBJECTS, CUSTOM_OBJECTS, VALUES_DIR, *values]
+    wrong = not_root_only(host, paths)
+    observe(wrong or f"{len(paths)} paths, all root:root, writable by root alone")
+    assert wrong == {}
 
 
 # Each release, with the catalog ids its values carry (linkerd's ids need the mesh running: waivers.yaml).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import posixpath
 import shlex
 from typing import Any
 
@@ -22,10 +23,20 @@ from ironserve_service.router import parse_api_keys
 from ironserve_service.settings import COLOURS
 
 from ironserve import manifests
-from ironserve.acceptance.checks import admin_dropins
+from ironserve.acceptance.checks import admin_dropins, not_root_only
 from ironserve.kubectl import ADMIN_KUBECONFIG
 from roles import StackConfig
-from roles.inference import COMPONENTS, KUBERNETES_OBJECTS, SERVE_UNIT
+from roles.inference import (
+    COMPONENTS,
+    ENGINE_TEMPLATE,
+    KUBERNETES_OBJECTS,
+    LOCK_PATH,
+    PORTS_SYSCTL_FILE,
+    SERVE_UNIT,
+    TMPFILES,
+    UNIT_DIR,
+    WHEEL_DIR,
+)
 from roles.inference.facts import ModelStore
 from roles.inference.operations import model_store_problems, model_version_dir, parse_port_list
 from roles.inference.render import canonical, environment_drift, lock_pins, service_yaml
@@ -229,6 +240,18 @@ def test_the_api_refuses_a_request_without_a_valid_key(host: Any, config: StackC
     statuses = {name: _http(host, config, url, body, key)[0] for name, key in (("none", None), ("wrong", "x" * 43))}
     observe(statuses)
     assert statuses == {"none": 401, "wrong": 401}
+
+
+@pytest.mark.invariant("sec-non-root-service", "svc-engine-vllm")
+def test_files_deciding_what_runs_as_root_are_root_only(host: Any, observe: Any) -> None:
+    # systemd runs what the units say as whom they say; systemd-tmpfiles creates as root what tmpfiles.d names; pip
+    # installs as root what the lock and the wheel folder hold; the kernel reserves the ports the sysctl file names.
+    wheels = host.run(f"find {WHEEL_DIR} -mindepth 1 -maxdepth 1").stdout.split()
+    units = [f"{UNIT_DIR}/{unit}" for unit in (ENGINE_TEMPLATE, SERVE_UNIT, *COMPONENTS)]
+    paths = [*units, TMPFILES, PORTS_SYSCTL_FILE, posixpath.dirname(LOCK_PATH), LOCK_PATH, WHEEL_DIR, *wheels]
+    wrong = not_root_only(host, [*paths, str(CONFIG_PATH.parent), str(CONFIG_PATH)])
+    observe(wrong or f"{len(paths) + 2} paths, all root:root, writable by root alone")
+    assert wrong == {}
 
 
 def test_the_keys_file_is_root_and_the_service_group_only(host: Any, config: StackConfig, observe: Any) -> None:

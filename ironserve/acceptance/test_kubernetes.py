@@ -5,6 +5,7 @@ answers."""
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 from typing import Any
 
@@ -12,11 +13,20 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ironserve.acceptance.checks import admin_dropins
+from ironserve.acceptance.checks import admin_dropins, not_root_only
 from ironserve.apt import preferences
 from ironserve.kubectl import ADMIN_KUBECONFIG
 from roles import StackConfig
-from roles.kubernetes import OWNER, PIN_PRIORITY, PREFERENCES, SOURCES_LIST, sources_line
+from roles.kubernetes import (
+    KEYRING,
+    KEYRINGS,
+    OWNER,
+    PIN_PRIORITY,
+    PREFERENCES,
+    SOURCES_LIST,
+    UNATTENDED_BLACKLIST,
+    sources_line,
+)
 from roles.kubernetes.checks import cgroup_driver_problem
 from roles.kubernetes.facts import KUBELET_CONF
 from roles.kubernetes.models import ClusterConfiguration, InitConfiguration, KubeletConfiguration
@@ -44,6 +54,17 @@ def test_kubernetes_packages_pinned_and_held(host: Any, config: StackConfig, obs
     observe({"versions": versions, "held": sorted(set(pins) & set(held))})
     assert versions == pins
     assert set(pins) <= set(held)
+
+
+@pytest.mark.invariant("k8s-not-k3s", "k8s-minimal-stack")
+def test_files_deciding_what_runs_as_root_are_root_only(host: Any, observe: Any) -> None:
+    # apt installs as root what the source, key and pins name; kubeadm and the kubelet run as root with these configs;
+    # whoever may write one of the folders may replace the files in it.
+    paths = [KEYRINGS, KEYRING, SOURCES_LIST, PREFERENCES, UNATTENDED_BLACKLIST]
+    paths += [posixpath.dirname(KUBEADM_CONFIG), KUBEADM_CONFIG, posixpath.dirname(KUBELET_CONFIG), KUBELET_CONFIG]
+    wrong = not_root_only(host, paths)
+    observe(wrong or "all root:root, writable by root alone")
+    assert wrong == {}
 
 
 @pytest.mark.invariant("k8s-not-k3s")

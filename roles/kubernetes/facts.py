@@ -46,11 +46,21 @@ class KubeadmNode(FactBase[NodeState]):
 
 
 class ContainerdConfigInForce(FactBase[str | None]):
-    """containerd's configuration as containerd itself reads it (`containerd config dump`: config.toml, its
-    imports and containerd's defaults), None when containerd is not installed."""
+    """containerd's configuration as the running daemon reads it (`containerd config dump`: its config file, the
+    file's imports and containerd's defaults), None when containerd is not installed. The file is the one the
+    daemon's own command line names (a `systemctl edit` drop-in can start it with another `--config`), else the
+    default, also when containerd is not running."""
 
     def command(self) -> str:
-        return "if command -v containerd >/dev/null; then containerd config dump; else echo __absent__; fi"
+        # --config PATH, -c PATH or --config=PATH in /proc/<MainPID>/cmdline (NUL-separated arguments).
+        return (
+            "command -v containerd >/dev/null || { echo __absent__; exit 0; }; "
+            "pid=$(systemctl show -p MainPID --value containerd.service 2>/dev/null); config=; "
+            'if [ -n "$pid" ] && [ "$pid" != 0 ]; then '
+            "config=$(tr '\\0' '\\n' < /proc/$pid/cmdline | "
+            "sed -n -e '/^--config=/{s/^--config=//p;q;}' -e '/^\\(--config\\|-c\\)$/{n;p;q;}'); fi; "
+            'containerd ${config:+--config "$config"} config dump'
+        )
 
     def process(self, output: Iterable[str]) -> str | None:
         lines = list(output)

@@ -246,7 +246,7 @@ def test_a_release_changed_or_removed_by_hand_is_put_back_by_the_next_deploy(sit
 def test_the_gate_passes_the_clusters_add_ons_on_the_control_plane(site: Site) -> None:
     result = gate(site)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"invariants on {site.host.name}: 12 pass, 0 fail, 0 skip" in result.stdout, result.stdout
+    assert f"invariants on {site.host.name}: 13 pass, 0 fail, 0 skip" in result.stdout, result.stdout
 
 
 def test_a_corefile_changed_by_hand_fails_the_gate_until_the_next_deploy(site: Site) -> None:

@@ -31,13 +31,14 @@ from ironserve_lab.deploying import DeployResult, deploy, verify
 from ironserve_lab.inference import ENGINE_ENVIRONMENT, inventory_data, model_versions
 from ironserve_lab.state import LabHost
 from roles import stack_config
-from roles.inference import PORTS_SYSCTL_FILE
+from roles.inference import PORTS_SYSCTL_FILE, UNIT_DIR
 from roles.inference.operations import model_version_dir, parse_port_list
 from roles.inference.render_kubernetes import host_settings
 from roles.inference.settings import CONFIG_PATH
 from tests.lab.conftest import lab_containers
 
 ROLES = ("security", "inference")
+ROUTER_UNIT = f"{UNIT_DIR}/ironserve-router.service"
 pytestmark = pytest.mark.lab
 SETTINGS = stack_config("lab", {}).inference
 V2_INVENTORY = """\
@@ -155,12 +156,13 @@ def test_drift_is_put_back_then_zero_changes(served: LabHost) -> None:
     assert complete(served)[0] == 200
 
 
-def test_damaged_weights_unreserved_ports_and_an_etcd_drop_in_are_named_then_restored_in_one_deploy(
+def test_damaged_weights_unreserved_ports_an_etcd_drop_in_and_an_open_unit_are_named_then_restored_in_one_deploy(
     served: LabHost,
 ) -> None:
-    """One round of three drifts, as an admin makes them: a file of the served version truncated, the service's
+    """One round of four drifts, as an admin makes them: a file of the served version truncated, the service's
     ports no longer reserved (live value emptied and the sysctl.d file deleted), a `systemctl edit`-style drop-in
-    on etcd.service. The gate names each; one deploy restores all three, checked on the host; the next deploy
+    on etcd.service, the router's unit another user's and world-writable. The gate names each; one deploy restores
+    all four, checked on the host; the next deploy
     changes nothing; the gate passes."""
     config = stack_config("lab", inventory_data())  # the default inventory's version: the one this test deploys
     source = config.inference.model_source
@@ -177,7 +179,8 @@ def test_damaged_weights_unreserved_ports_and_an_etcd_drop_in_are_named_then_res
         f"truncate -s 100 {shlex.quote(served_file)} && "
         f"sysctl -qw net.ipv4.ip_local_reserved_ports= && rm {PORTS_SYSCTL_FILE} && "
         f"mkdir -p {posixpath.dirname(override)} && "
-        f"printf '[Service]\\nEnvironment=IRONSERVE_DRIFT=admin-override\\n' > {override} && systemctl daemon-reload",
+        f"printf '[Service]\\nEnvironment=IRONSERVE_DRIFT=admin-override\\n' > {override} && "
+        f"systemctl daemon-reload && chown nobody {ROUTER_UNIT} && chmod 0666 {ROUTER_UNIT}",
     )
     assert "IRONSERVE_DRIFT=admin-override" in remote.run(served, "systemctl show -p Environment --value etcd.service")
 
@@ -189,6 +192,7 @@ def test_damaged_weights_unreserved_ports_and_an_etcd_drop_in_are_named_then_res
         "test_the_served_versions_files_match_its_sealed_manifest",
         "test_the_services_ports_are_reserved_from_ephemeral_use",
         "test_no_admin_drop_in_overrides_a_service_unit",
+        "test_files_deciding_what_runs_as_root_are_root_only",
     ):
         assert any(test in line and served.name in line for line in failed), (test, failed, gate.stdout[-4000:])
     assert any("drop_in" in line and "etcd.service" in line for line in failed), failed
@@ -205,13 +209,14 @@ def test_damaged_weights_unreserved_ports_and_an_etcd_drop_in_are_named_then_res
     shown = remote.run(served, "systemctl show -p DropInPaths,Environment etcd.service")
     assert override not in shown and "IRONSERVE_DRIFT" not in shown, shown
     assert remote.run(served, "systemctl is-active etcd.service").strip() == "active"
+    assert remote.run(served, f"stat -c %U:%G:%a {ROUTER_UNIT}").strip() == "root:root:644"
 
     again = _deployed(deploy([served], roles=ROLES))
     assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
     after = verify([served], "-q", "-rfE", roles=ROLES)
     assert after.returncode == 0, after.stdout[-6000:] + after.stderr[-2000:]
     assert complete(served)[0] == 200
-    print(f"three drifts named, restored, re-deployed and gated: {time.monotonic() - started:.1f} s")
+    print(f"four drifts named, restored, re-deployed and gated: {time.monotonic() - started:.1f} s")
 
 
 def test_a_sigkilled_engine_is_restarted_by_its_unit(served: LabHost) -> None:

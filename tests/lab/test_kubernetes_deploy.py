@@ -104,13 +104,22 @@ def test_drift_is_restored_then_nothing_changes(cluster: tuple[LabHost, LabHost,
         f"--allow-change-held-packages kubeadm={DECOY} kubelet={DECOY} cri-tools={DECOY} >/dev/null 2>&1 && "
         "sed -i 's/^cgroupDriver: systemd/cgroupDriver: cgroupfs/' /var/lib/kubelet/config.yaml",
     )
+    # Files the kubelet and kubeadm run as root with, opened to others: the gate names them, the deploy closes them.
+    remote.run(plane, "chmod 0666 /var/lib/kubelet/config.yaml && chmod 0777 /etc/kubernetes")
     assert _versions(worker)["kubeadm"] == DECOY
+    gate = verify([plane, worker], "-q", "-rfE", roles=ROLES, inventory=inventory)
+    assert any(
+        "test_files_deciding_what_runs_as_root_are_root_only" in line and plane.name in line
+        for line in gate.stdout.splitlines()
+    ), gate.stdout[-4000:]
     fixed = deploy([plane, worker], inventory=inventory, roles=ROLES)
     assert fixed.returncode == 0, fixed.output
     assert fixed.changed > 0
     assert _versions(worker) == PINS
     assert set(remote.run(worker, "apt-mark showhold").split()) >= set(PINS)
     assert "cgroupDriver: systemd" in remote.run(worker, "cat /var/lib/kubelet/config.yaml")
+    modes = remote.run(plane, "stat -c %a:%U:%G /var/lib/kubelet/config.yaml /etc/kubernetes").split()
+    assert modes == ["644:root:root", "755:root:root"], modes
     again = deploy([plane, worker], inventory=inventory, roles=ROLES)
     assert (again.returncode, again.changed) == (0, 0), again.output
 
@@ -134,6 +143,32 @@ def test_containerd_on_another_driver_stops_the_host_before_its_kubelet_restarts
         assert "runc uses cgroupfs" in stopped.output, stopped.output
     finally:
         remote.run(worker, f"rm -f {drop_in}")
+    restored = deploy([plane, worker], inventory=inventory, roles=ROLES)
+    assert restored.returncode == 0, restored.output
+
+
+def test_containerd_started_with_another_config_stops_the_host_before_its_kubelet_restarts(
+    cluster: tuple[LabHost, LabHost, str, str],
+) -> None:
+    """A `systemctl edit` drop-in starts containerd with another --config whose runc is on cgroupfs, while
+    config.toml still says SystemdCgroup = true: the kubernetes role alone reads the running daemon's config and
+    stops the host (the container_runtime role, when it runs first, moves the drop-in aside)."""
+    plane, worker, inventory, _ = cluster
+    override = "/etc/systemd/system/containerd.service.d/override.conf"
+    other = "/etc/containerd/other.toml"
+    remote.run(
+        worker,
+        f"sed 's/SystemdCgroup = true/SystemdCgroup = false/' /etc/containerd/config.toml > {other} && "
+        f"mkdir -p /etc/systemd/system/containerd.service.d && printf '[Service]\\nExecStart=\\n"
+        f'ExecStart=%s --config {other}\\n\' "$(command -v containerd)" > {override} && '
+        "systemctl daemon-reload && systemctl restart containerd",
+    )
+    try:
+        stopped = deploy([worker], inventory=inventory, roles=("kubernetes",))
+        assert stopped.returncode != 0, stopped.output
+        assert "runc uses cgroupfs" in stopped.output, stopped.output
+    finally:
+        remote.run(worker, f"rm -f {override} {other} && systemctl daemon-reload && systemctl restart containerd")
     restored = deploy([plane, worker], inventory=inventory, roles=ROLES)
     assert restored.returncode == 0, restored.output
 

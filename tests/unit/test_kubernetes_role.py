@@ -316,6 +316,14 @@ def test_debian_containerds_own_dump_agrees_with_the_kubelet_ironserve_renders()
     assert "is cgroupfs" in (cgroup_driver_problem(dump, kubelet.replace("systemd", "cgroupfs")) or "")
 
 
+def test_the_config_of_a_daemon_started_with_another_file_is_the_one_checked() -> None:
+    # Captured on a lab host whose containerd a drop-in started with --config other.toml (runc on cgroupfs).
+    case = FACTS / "roles.kubernetes.facts.ContainerdConfigInForce" / "started-with-another-config.json"
+    dump = "\n".join(json.loads(case.read_text())["output"]) + "\n"
+    problem = cgroup_driver_problem(dump, kubelet_configuration_yaml(settings(), "systemd", SOCKET))
+    assert problem is not None and "runc uses cgroupfs" in problem
+
+
 def test_a_kubelet_cgroup_driver_that_is_not_containerds_is_refused_at_load() -> None:
     config = stack_config(
         "r740-01",
