@@ -86,8 +86,9 @@ def no_sudo_grants(user: str, group: str) -> Commands:
         yield from backed_up(path, f"names the service account ({'; '.join(lines)}); other lines in it are kept there")
     if allowed and not grants:
         yield failing(
-            f"sudo -l -U {user} lists {'; '.join(allowed)} by a rule that names neither {user} nor %{group} (ALL, "
-            "an alias of a group it is in): remove it with visudo; the service account never gets sudo"
+            f"sudo -l -U {user} says: {'; '.join(allowed)}; yet no sudoers file names {user} or %{group} (a right "
+            "through ALL or an alias of a group it is in, or rules sudo cannot read): fix it with visudo; the service "
+            "account never gets sudo"
         )
     elif not grants:
         host.noop(f"sudo allows {user} nothing" if allowed == [] else f"no sudoers file names {user} or %{group}")
