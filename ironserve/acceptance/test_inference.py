@@ -249,8 +249,9 @@ def test_files_deciding_what_runs_as_root_are_root_only(host: Any, observe: Any)
     wheels = host.run(f"find {WHEEL_DIR} -mindepth 1 -maxdepth 1").stdout.split()
     units = [f"{UNIT_DIR}/{unit}" for unit in (ENGINE_TEMPLATE, SERVE_UNIT, *COMPONENTS)]
     paths = [*units, TMPFILES, PORTS_SYSCTL_FILE, posixpath.dirname(LOCK_PATH), LOCK_PATH, WHEEL_DIR, *wheels]
-    wrong = not_root_only(host, [*paths, str(CONFIG_PATH.parent), str(CONFIG_PATH)])
-    observe(wrong or f"{len(paths) + 2} paths, all root:root, writable by root alone")
+    paths += [str(CONFIG_PATH.parent), str(CONFIG_PATH)]
+    wrong = not_root_only(host, paths)
+    observe(wrong or f"{len(paths)} paths, all root:root, writable by root alone")
     assert wrong == {}
 
 

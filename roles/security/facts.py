@@ -117,8 +117,10 @@ class SudoGrants(FactBase[dict[str, list[str]]]):
 
 
 NO_SUDO = "no sudo"
-# sudo 1.9 (Debian 12): "sudo: unknown user ai-runner"; 1.8: "sudo: unknown user: ai-runner".
-UNKNOWN_USER = re.compile(r"^sudo: unknown user:? \S+$")
+# sudo's "no rights" answers: the account may not run sudo, or sudo does not know it (1.9, Debian 12: "sudo: unknown
+# user ai-runner"; 1.8: "sudo: unknown user: ai-runner"); an account not created yet has no rights yet (a rule naming
+# it is SudoGrants' to find).
+NO_RIGHTS = re.compile(r"^(User \S+ is not allowed to run sudo on |sudo: unknown user:? \S+$)")
 
 
 class SudoAllows(FactBase[list[str] | None]):
@@ -136,10 +138,7 @@ class SudoAllows(FactBase[list[str] | None]):
         lines = [line.rstrip() for line in output if line.strip()]
         if lines == [NO_SUDO]:
             return None
-        # An account not created yet has no rights yet (a rule naming it is SudoGrants' to find).
-        if any(line.startswith("User ") and " is not allowed to run sudo on " in line for line in lines) or any(
-            UNKNOWN_USER.match(line) for line in lines
-        ):
+        if any(NO_RIGHTS.match(line) for line in lines):
             return []
         for index, line in enumerate(lines):
             if line.startswith("User ") and " may run the following commands on " in line:

@@ -124,27 +124,36 @@ def test_drift_is_restored_then_nothing_changes(cluster: tuple[LabHost, LabHost,
     assert (again.returncode, again.changed) == (0, 0), again.output
 
 
-def test_containerd_on_another_driver_stops_the_host_before_its_kubelet_restarts(
-    cluster: tuple[LabHost, LabHost, str, str], tmp_path: Path
+def _runc_on_cgroupfs_stops_the_kubernetes_role(
+    cluster: tuple[LabHost, LabHost, str, str], drift: str, undo: str
 ) -> None:
+    """`drift` on the worker puts containerd's runc on cgroupfs: a deploy of the kubernetes role alone stops that
+    host naming it; after `undo`, a deploy of both hosts succeeds."""
     plane, worker, inventory, _ = cluster
-    # A site drop-in imported by containerd, which ironserve's config.toml does not own: containerd's runc on
-    # cgroupfs in force, while the file ironserve renders still says SystemdCgroup = true.
-    drop_in = "/etc/containerd/conf.d/99-site.toml"
-    remote.run(
-        worker,
-        "mkdir -p /etc/containerd/conf.d && printf '%s\\n' 'version = 2' "
-        "'[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]' 'SystemdCgroup = false' "
-        f"> {drop_in} && sed -i '1a imports = [\"{drop_in}\"]' /etc/containerd/config.toml",
-    )
+    remote.run(worker, drift)
     try:
         stopped = deploy([worker], inventory=inventory, roles=("kubernetes",))
         assert stopped.returncode != 0, stopped.output
         assert "runc uses cgroupfs" in stopped.output, stopped.output
     finally:
-        remote.run(worker, f"rm -f {drop_in}")
+        remote.run(worker, undo)
     restored = deploy([plane, worker], inventory=inventory, roles=ROLES)
     assert restored.returncode == 0, restored.output
+
+
+def test_containerd_on_another_driver_stops_the_host_before_its_kubelet_restarts(
+    cluster: tuple[LabHost, LabHost, str, str],
+) -> None:
+    # A site drop-in imported by containerd, which ironserve's config.toml does not own: containerd's runc on
+    # cgroupfs in force, while the file ironserve renders still says SystemdCgroup = true.
+    drop_in = "/etc/containerd/conf.d/99-site.toml"
+    _runc_on_cgroupfs_stops_the_kubernetes_role(
+        cluster,
+        "mkdir -p /etc/containerd/conf.d && printf '%s\\n' 'version = 2' "
+        "'[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]' 'SystemdCgroup = false' "
+        f"> {drop_in} && sed -i '1a imports = [\"{drop_in}\"]' /etc/containerd/config.toml",
+        undo=f"rm -f {drop_in}",
+    )
 
 
 def test_containerd_started_with_another_config_stops_the_host_before_its_kubelet_restarts(
@@ -153,24 +162,16 @@ def test_containerd_started_with_another_config_stops_the_host_before_its_kubele
     """A `systemctl edit` drop-in starts containerd with another --config whose runc is on cgroupfs, while
     config.toml still says SystemdCgroup = true: the kubernetes role alone reads the running daemon's config and
     stops the host (the container_runtime role, when it runs first, moves the drop-in aside)."""
-    plane, worker, inventory, _ = cluster
     override = "/etc/systemd/system/containerd.service.d/override.conf"
     other = "/etc/containerd/other.toml"
-    remote.run(
-        worker,
+    _runc_on_cgroupfs_stops_the_kubernetes_role(
+        cluster,
         f"sed 's/SystemdCgroup = true/SystemdCgroup = false/' /etc/containerd/config.toml > {other} && "
         f"mkdir -p /etc/systemd/system/containerd.service.d && printf '[Service]\\nExecStart=\\n"
         f'ExecStart=%s --config {other}\\n\' "$(command -v containerd)" > {override} && '
         "systemctl daemon-reload && systemctl restart containerd",
+        undo=f"rm -f {override} {other} && systemctl daemon-reload && systemctl restart containerd",
     )
-    try:
-        stopped = deploy([worker], inventory=inventory, roles=("kubernetes",))
-        assert stopped.returncode != 0, stopped.output
-        assert "runc uses cgroupfs" in stopped.output, stopped.output
-    finally:
-        remote.run(worker, f"rm -f {override} {other} && systemctl daemon-reload && systemctl restart containerd")
-    restored = deploy([plane, worker], inventory=inventory, roles=ROLES)
-    assert restored.returncode == 0, restored.output
 
 
 def test_a_new_minor_pinned_stops_the_control_plane_before_any_package_moves(
