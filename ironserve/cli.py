@@ -1,4 +1,4 @@
-"""The `ironserve` command: validate, deploy, verify, coverage, lock (and `lab` where the lab is installed)."""
+"""The `ironserve` command: validate, deploy, rollout, verify, coverage, lock (and `lab` where the lab is installed)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from ironserve import speed, verify
+from ironserve import rollout, speed, verify
 from ironserve.config import ConfigError, StackBase, lock_messages
 from ironserve.inventory import InventoryHost, load_inventory, report, validate_inventory
 from ironserve.lock import check_lock
@@ -95,6 +95,56 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollout(args: argparse.Namespace) -> int:
+    """Everything is checked (the inventory, the plan, the record to resume) before any host is contacted."""
+    override = {"ironserve_roles": args.roles} if args.roles else {}
+    hosts, configs = _validated(args.inventory, override)
+    reports = Path(args.reports)
+    names = [host.name for host in hosts]
+    if args.resume:
+        planned = {"--batch": args.batch, "--max-unavailable": args.max_unavailable, "--canary": args.canary,
+                   "--order": args.order}  # fmt: skip
+        given = [flag for flag, value in planned.items() if value is not None]
+        if given:
+            raise rollout.RolloutError(f"--resume continues the recorded plan: drop {', '.join(given)}")
+        state = rollout.resumable(reports, names)
+        if state.inventory != args.inventory:
+            raise rollout.RolloutError(f"--resume: the rollout was of {state.inventory}, not {args.inventory}")
+        roles, chosen_file = state.options.get("roles"), state.options.get("deploy_file")
+        gate_args = list(state.options.get("gate_args") or [])
+        if args.gate_args:
+            raise rollout.RolloutError("--resume continues the recorded plan: it keeps the gate's arguments")
+    else:
+        order = [name.strip() for name in args.order.split(",")] if args.order else None
+        plan = rollout.make_plan(names, args.batch, args.max_unavailable or "1", args.canary, order)
+        deploy_file(args.deploy_file)  # a missing file is said now, not at the first host's change
+        roles, chosen_file = args.roles, args.deploy_file and str(Path(args.deploy_file).resolve())
+        gate_args = args.gate_args
+        options = {"roles": roles, "deploy_file": chosen_file, "gate_args": gate_args}
+        state = rollout.new_rollout(args.inventory, plan, options, reports)
+    if args.confirm and not sys.stdin.isatty():
+        raise rollout.RolloutError("--confirm asks on a terminal: run it in one, or use --canary-pause SECONDS")
+    runner = rollout.Runner(
+        rollout=state,
+        inventory_hosts={host.name: host for host in hosts},
+        configs=configs,
+        registry=registry(),
+        reports=reports,
+        roles=roles,
+        deploy_file=chosen_file,
+        gate_args=gate_args,
+        drain_timeout_s=args.drain_timeout,
+        settle_s=args.settle_timeout,
+        canary_pause_s=args.canary_pause,
+        confirm=_ask if args.confirm else None,
+    )
+    return runner.run()
+
+
+def _ask(question: str) -> bool:
+    return input(question).strip().lower() in ("y", "yes")
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     hosts, configs = _validated(args.inventory, {"ironserve_roles": args.roles} if args.roles else {})
     if args.limit:
@@ -172,6 +222,39 @@ def parser() -> argparse.ArgumentParser:
     deploy.add_argument("pyinfra_args", nargs=argparse.REMAINDER, help="passed to pyinfra, e.g. -v")
     deploy.set_defaults(func=cmd_deploy)
 
+    roll = sub.add_parser(
+        "rollout",
+        help="deploy host by host in batches: each host drained, changed, proven by the gate, returned; "
+        "a failure stops the rollout",
+    )
+    roll.add_argument("inventory")
+    roll.add_argument("--batch", type=int, help="hosts changed at once (default: --max-unavailable)")
+    roll.add_argument(
+        "--max-unavailable", metavar="N|P%", help="hosts out of service at any moment, a number or a share (default 1)"
+    )
+    roll.add_argument("--canary", metavar="HOST", help="this host first and alone, then a pause or --confirm")
+    roll.add_argument("--confirm", action="store_true", help="after the canary, ask before going on")
+    roll.add_argument(
+        "--canary-pause", type=float, default=60.0, metavar="S", help="seconds between the canary and the rest (60)"
+    )
+    roll.add_argument("--order", metavar="HOST,HOST", help="these hosts first, in this order; the rest as listed")
+    roll.add_argument(
+        "--drain-timeout", type=float, metavar="S", help="bound on in-flight requests finishing (default: the roles')"
+    )
+    roll.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="after a reboot, the gate is retried until it passes or S seconds have passed (600)",
+    )
+    roll.add_argument("--resume", action="store_true", help="continue the stopped rollout at its failed host")
+    roll.add_argument("--roles", help="apply only these roles, comma-separated (default: all, in order)")
+    roll.add_argument("--deploy-file", help="the pyinfra deploy file (default: the checkout's deploy.py)")
+    roll.add_argument("--reports", default="reports", help="folder of rollout.json and the gate's reports (./reports)")
+    roll.add_argument("gate_args", nargs=argparse.REMAINDER, help="passed to the gate's pytest, e.g. -k 'not clock'")
+    roll.set_defaults(func=cmd_rollout)
+
     check = sub.add_parser("verify", help="run the acceptance gate against an inventory's hosts")
     check.add_argument("inventory")
     check.add_argument("--reports", default="reports", help="folder for per-host JSON reports (default: ./reports)")
@@ -210,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(report(str(exc).splitlines()))
         return 2
-    except (FileNotFoundError, ValueError, KeyError) as exc:
+    except (FileNotFoundError, ValueError, KeyError) as exc:  # RolloutError is a ValueError
         print(f"ironserve: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
         return 2
     return result

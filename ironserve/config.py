@@ -219,6 +219,9 @@ class Role:
     opt_in: bool = False
     # The facts the role reads while it is queued (ironserve.speed.reads.Read), fetched with the deploy's first facts.
     queue_reads: Callable[[Any], list[Any]] | None = None
+    # How `ironserve rollout` moves this host's traffic off and back (ironserve.traffic.TrafficControl), given the
+    # host's config and the rollout's drain bound in seconds (None: the role's own setting); None: no traffic here.
+    traffic: Callable[[Any, float | None], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from roles.container_runtime import container_runtime
 from roles.container_runtime.settings import ContainerRuntimeSettings
 from roles.host_tuning import host_tuning
 from roles.host_tuning.settings import HostTuningSettings
-from roles.inference import inference, inference_deployable
+from roles.inference import inference, inference_deployable, inference_traffic
 from roles.inference.settings import InferenceSettings
 from roles.kubernetes import cluster_layout_problems, kubernetes, kubernetes_deployable
 from roles.kubernetes.settings import KubernetesSettings
@@ -69,7 +69,7 @@ REGISTRY = Registry(
             opt_in=True,
         ),
         Role("cluster_addons", ClusterAddonsSettings, cluster_addons, cluster_addons_deployable, opt_in=True),
-        Role("inference", InferenceSettings, inference, inference_deployable),
+        Role("inference", InferenceSettings, inference, inference_deployable, traffic=inference_traffic),
     ),
 )
 

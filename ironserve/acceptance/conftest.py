@@ -26,6 +26,12 @@ SEVERITY = {"fail": 0, "pass": 1, "skip": 2}
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--ironserve-stack", help="JSON file: host name -> StackConfig (from ironserve verify)")
     parser.addoption("--ironserve-reports", help="folder for per-host invariant reports")
+    parser.addoption(
+        "--ironserve-held",
+        action="store_true",
+        help="the hosts are held out of their load balancer by `ironserve rollout` (prove phase): a draining /health "
+        "is expected, not a fault",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -55,6 +61,12 @@ def config(host: Any, stack_configs: dict[str, StackConfig]) -> StackConfig:
 def container_kind(host: Any) -> str | None:
     kind = host.run("systemd-detect-virt --container").stdout.strip()
     return None if kind in {"", "none"} else kind
+
+
+@pytest.fixture
+def held(request: pytest.FixtureRequest) -> bool:
+    """The rollout's prove phase: the host is out of its load balancer on purpose while the gate runs."""
+    return bool(request.config.getoption("--ironserve-held"))
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ seccomp filter of roles/security (its drop-in for `ai-service@.service`).
 from __future__ import annotations
 
 import posixpath
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from ironserve.operations import daemon_reloaded, live_sysctl, restarted_when_st
 from ironserve.owned import owned_directory, owned_file, render_template, unmasked
 from ironserve.run import HostRun
 from ironserve.sysctl_boot import boot_sysctls_win
+from ironserve.traffic import TrafficControl
 from ironserve.validators import check_environment, systemd_quoted
 from roles.inference.operations import (
     RESERVED_PORTS_KEY,
@@ -283,6 +285,45 @@ def _kubernetes_host(config: StackConfig, settings: ServiceSettings, version: st
             objects=objects,
             kubeconfig=ADMIN_KUBECONFIG,
         )
+
+
+# What `describe` prints from `ironserve-service status`: the version served, its colour and the traffic state (or
+# the line itself when it is no status, such as before the first deploy).
+DESCRIBE_STATUS = """import json, sys
+line = (sys.stdin.read().splitlines() or [""])[-1]
+try:
+    s = json.loads(line)
+    print(f"{s['model']} {s['active']} on {s['colour']}, traffic {s['traffic']}")
+except (ValueError, KeyError, TypeError):
+    print(line)
+"""
+
+
+def inference_traffic(config: StackConfig, drain_timeout_s: float | None) -> TrafficControl | None:
+    """`ironserve rollout`'s commands for this host: the service's own drain (Envoy's /health says draining for
+    swap.host_drain_notice_s, then new work is refused and in-flight requests finish), hold (/health still draining,
+    the API open for the gate) and return. In kubernetes mode the host's traffic is its pods': None (the rollout does
+    not cordon nodes yet)."""
+    if config.inference.mode != "systemd":
+        return None
+    cli = f"{config.inference.venv}/bin/ironserve-service"
+    python = f"{config.inference.venv}/bin/python"
+
+    def command(*args: str) -> str:
+        run = shlex.join([cli, *args, "--config", str(CONFIG_PATH)])
+        # Before the first deploy there is no service here: nothing to drain, hold or return.
+        installed = f"[ -x {shlex.quote(cli)} ] && [ -f {shlex.quote(str(CONFIG_PATH))} ]"
+        return f"if {installed}; then {run}; else echo 'no inference service installed yet'; fi"
+
+    timeout = ["--timeout", f"{drain_timeout_s:g}"] if drain_timeout_s is not None else []
+    describe = f"{command('status')} | {shlex.quote(python)} -c {shlex.quote(DESCRIBE_STATUS)}"
+    return TrafficControl(
+        role="inference",
+        drain=command("drain", *timeout),
+        hold=command("traffic", "draining"),
+        restore=command("traffic", "serving"),
+        describe=describe,
+    )
 
 
 def inference_deployable(config: StackConfig) -> None:

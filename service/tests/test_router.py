@@ -23,12 +23,18 @@ def settings(tmp_path: Path) -> SwapSettings:
     return SwapSettings(router_dir=tmp_path / "envoy", listen_port=18080, admin_port=19901)
 
 
-def inlined(swap: SwapSettings, colour: str | None) -> dict[str, Any]:
+def inlined(
+    swap: SwapSettings,
+    colour: str | None,
+    api_keys: list[tuple[str, str]] | None = None,
+    traffic: router.Traffic = "serving",
+) -> dict[str, Any]:
     """The bootstrap with the file-delivered routes and clusters inlined, so `--mode validate` checks them too."""
     document = router.bootstrap(swap)
     hcm = document["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     mirrored = QualitySettings(mirror_percent=2)
-    route = router.routes(swap, colour, "v1" if colour else None, 7, mirrored)["resources"][0]  # type: ignore[arg-type]
+    route = router.routes(swap, colour, "v1" if colour else None, 7, mirrored,  # type: ignore[arg-type]
+                          api_keys, traffic)["resources"][0]  # fmt: skip
     hcm.pop("rds")
     hcm["route_config"] = {k: v for k, v in route.items() if k != "@type"}
     document.pop("dynamic_resources")

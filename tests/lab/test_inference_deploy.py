@@ -17,6 +17,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -309,3 +311,140 @@ def test_with_keep_previous_the_drained_colour_stays_warm_and_a_rollback_to_it_s
     assert (back["active"], back["colour"], back["ready"]) == (first["active"], first["colour"], True)
     assert "(kept warm): no start" in output, output
     assert complete(served)[:2] == (200, first["colour"])
+
+
+# The fleet of the rollout tests: the serving host with the service, and a second host with host_tuning alone (the
+# lab runs one engine: an engine per host would not fit a 2-core machine).
+ROLLOUT_INVENTORY = """\
+from ironserve.inventory import site
+from ironserve_lab.inventory import lab_groups
+
+_containers, _ = lab_groups()
+_data = dict(_containers)
+fleet = site([({served!r}, {{**_data[{served!r}], **{served_data!r}}}),
+              ({other!r}, {{**_data[{other!r}], "ironserve_roles": ["host_tuning"]}})])
+"""
+# What the deploy could change on the serving host, byte for byte: /etc (units, service.yaml, keys), the service's
+# venv and the model store. The route Envoy serves is compared by its content: each traffic state is written to a
+# new file behind the rds.json link (router.write_route), and the host returned to service has the same content.
+ROUTER_DIR = host_settings(stack_config("lab", {})).swap.router_dir
+HOST_SNAPSHOT = (
+    f"find /etc /opt/ironserve /srv -xdev \\( -type f -o -type l \\) ! -path '{ROUTER_DIR}/*rds*' "
+    "-printf '%p %s %m %u:%g %T@ %l\\n' | sort; "
+    f"find /etc -xdev -type f ! -path '{ROUTER_DIR}/*rds*' -print0 | sort -z | xargs -0 sha256sum; "
+    f"sha256sum < {ROUTER_DIR}/rds.json"
+)
+
+
+class Balancer:
+    """The site's load balancer in front of the serving host: it checks /health every 0.2 s from outside the host
+    and sends a completion only while the last check answered 200, as a health-checking balancer does."""
+
+    def __init__(self, host: LabHost) -> None:
+        self.host = host
+        self.url = _listener(host.name)[0]
+        self.outcomes: list[int] = []
+        self.health: list[tuple[float, int, str]] = []  # each change of /health: (time, status, body)
+        self.healthy = threading.Event()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.check), threading.Thread(target=self.send)]
+
+    def check(self) -> None:
+        while not self.stop.is_set():
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                    status, body = response.status, ""
+            except urllib.error.HTTPError as error:
+                status, body = error.code, error.read().decode(errors="replace").strip()
+            except OSError as error:
+                status, body = 0, str(error)
+            if not self.health or self.health[-1][1:] != (status, body):
+                self.health.append((time.monotonic(), status, body))
+            (self.healthy.set if status == 200 else self.healthy.clear)()
+            time.sleep(0.2)
+
+    def send(self) -> None:
+        while not self.stop.is_set():
+            if self.healthy.wait(timeout=0.5):
+                self.outcomes.append(complete(self.host)[0])
+
+    def __enter__(self) -> Balancer:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=180)
+
+
+def _rollout(inventory: Path, reports: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "ironserve", "rollout", "--reports", str(reports), "--canary-pause", "0", *args]
+    return subprocess.run([*argv, str(inventory)], capture_output=True, text=True, timeout=1800)
+
+
+def test_a_model_rollout_drains_the_host_behind_its_balancer_swaps_proves_and_returns_it(
+    served: LabHost, tmp_path: Path
+) -> None:
+    """The fleet-wide model rollout: the inventory names the other version; the serving host is drained (its /health
+    says draining while requests still finish), swapped by its deploy, proven by the gate through its Envoy and
+    returned, then the next host. A balancer that follows /health sends work all along: none fails."""
+    before = _status(served)
+    source = next(path for path in model_versions().values() if release_version(path) != before["active"])
+    inventory = tmp_path / "fleet.py"
+    with lab_containers(1) as (other,):
+        served_data = {"ironserve_roles": list(ROLES), "inference_model_source": str(source)}
+        inventory.write_text(ROLLOUT_INVENTORY.format(served=served.name, other=other.name, served_data=served_data))
+        with Balancer(served) as balancer:
+            done = _rollout(inventory, tmp_path / "reports", "--order", served.name)
+            time.sleep(2)  # the balancer sees the host back and sends to it again
+        print(done.stdout)
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+        record = json.loads((tmp_path / "reports" / "rollout.json").read_text())
+    host = record["hosts"][served.name]
+    failed = [status for status in balancer.outcomes if status != 200]
+    shown = [(round(at - balancer.health[0][0], 1), status, body) for at, status, body in balancer.health]
+    print(f"rollout under the balancer: {len(balancer.outcomes)} requests, {len(failed)} failed; /health: {shown}")
+    assert not failed, failed[:5]
+    assert [(status, body) for _, status, body in balancer.health] == [(200, ""), (503, "draining"), (200, "")]
+    assert host["result"] == "ok" and host["changes"] > 0 and host["seconds"]["drain"] >= 10
+    assert f"{release_version(source)} on" in host["serving_after"] and before["active"] in host["serving_before"]
+    assert record["hosts"][other.name]["result"] == "ok"
+    after = _status(served)
+    assert (after["active"], after["ready"], after["traffic"]) == (release_version(source), True, "serving")
+
+
+def test_a_drain_that_cannot_finish_returns_the_host_unchanged_and_stops_the_rollout(
+    served: LabHost, tmp_path: Path
+) -> None:
+    """A request the engine never finishes (its processes stopped, as a hung GPU would hold it): the drain gives up
+    after --drain-timeout, the host serves again exactly as it was, and the next host is never contacted."""
+    colour = _status(served)["colour"]
+    inventory = tmp_path / "fleet.py"
+    with lab_containers(1) as (other,):
+        served_data = {"ironserve_roles": list(ROLES)}
+        inventory.write_text(ROLLOUT_INVENTORY.format(served=served.name, other=other.name, served_data=served_data))
+        before = remote.run(served, HOST_SNAPSHOT)
+        other_before = remote.run(other, "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum")
+        remote.run(served, f"systemctl kill --signal=SIGSTOP ai-service@{colour}.service")
+        held: list[tuple[int, str, str]] = []
+        request = threading.Thread(target=lambda: held.append(complete(served, timeout_s=300)))
+        try:
+            request.start()
+            time.sleep(1)
+            stopped = _rollout(inventory, tmp_path / "reports", "--order", served.name, "--drain-timeout", "3")
+        finally:
+            remote.run(served, f"systemctl kill --signal=SIGCONT ai-service@{colour}.service")
+            request.join(timeout=300)
+        print(stopped.stdout)
+        record = json.loads((tmp_path / "reports" / "rollout.json").read_text())
+        assert remote.run(other, "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum") == other_before
+    assert stopped.returncode == 1, stopped.stdout[-6000:] + stopped.stderr[-3000:]
+    host = record["hosts"][served.name]
+    assert (host["phase"], host["result"]) == ("drain", "returned"), host
+    assert "1 requests still running after 3 s; the host serves again" in host["reason"]
+    assert record["hosts"][other.name]["phase"] is None
+    assert remote.run(served, HOST_SNAPSHOT) == before
+    assert held and held[0][0] == 200  # the held request finished once the engine ran again
+    assert _status(served)["traffic"] == "serving" and complete(served)[0] == 200

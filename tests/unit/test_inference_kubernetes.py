@@ -22,7 +22,7 @@ from ironserve_service.kube_objects import (
 from ironserve import manifests
 from ironserve.config import ConfigError
 from ironserve_lab.inference import model_versions
-from roles import check_deployable, stack_config
+from roles import REGISTRY, check_deployable, stack_config
 from roles.inference.render_kubernetes import host_settings, kubernetes_problems, pod_policy_problems, service_objects
 
 IMAGE = "registry.example.org/ironserve/engine@sha256:" + "ab" * 32
@@ -271,3 +271,9 @@ def test_the_pods_are_on_the_pod_network_with_the_default_dns_policy(objects: di
     """The catalog's correction: ClusterFirstWithHostNet only matters to hostNetwork pods; these are not."""
     spec = pod_spec(objects["Deployment/ai-service-blue"])
     assert "hostNetwork" not in spec and "dnsPolicy" not in spec  # ClusterFirst, Kubernetes' default
+
+
+def test_the_rollout_gets_no_host_traffic_to_move_in_kubernetes_mode() -> None:
+    """The pods' traffic is the cluster's: the rollout does not cordon or drain nodes yet (roles/inference README)."""
+    role = next(r for r in REGISTRY.roles if r.name == "inference")
+    assert role.traffic is not None and role.traffic(config(), None) is None

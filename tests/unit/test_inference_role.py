@@ -12,7 +12,7 @@ from ironserve_service.slo import render_rules
 
 from ironserve.config import ConfigError
 from ironserve_lab.inference import REQUIREMENTS, model_versions
-from roles import check_deployable, stack_config
+from roles import REGISTRY, check_deployable, stack_config
 from roles.inference import inference_deployable
 from roles.inference.operations import parse_port_list, port_list
 from roles.inference.render import canonical, environment_drift, lock_pins, prometheus_config
@@ -154,3 +154,16 @@ def test_reserved_ports_are_written_as_the_kernel_prints_them(ports: list[int], 
     # live_sysctl compares the value with /proc/sys/net/ipv4/ip_local_reserved_ports, which collapses runs.
     assert port_list(ports) == shown
     assert parse_port_list(shown + "\n") == set(ports)
+
+
+def test_the_rollout_drains_through_the_service_and_only_once_it_is_installed() -> None:
+    role = next(r for r in REGISTRY.roles if r.name == "inference")
+    assert role.traffic is not None
+    control = role.traffic(stack_config("h", BASE), 30.0)
+    assert control.drain == (
+        "if [ -x /opt/ironserve/venv/bin/ironserve-service ] && [ -f /etc/ironserve/service.yaml ]; then "
+        "/opt/ironserve/venv/bin/ironserve-service drain --timeout 30 --config /etc/ironserve/service.yaml; "
+        "else echo 'no inference service installed yet'; fi"
+    )
+    assert "traffic draining --config" in control.hold and "traffic serving --config" in control.restore
+    assert "--timeout" not in role.traffic(stack_config("h", BASE), None).drain

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ironserve_lab import aptrepo, charts, state
@@ -77,3 +78,20 @@ def lab_groups() -> tuple[list[HostEntry], list[HostEntry]]:
     containers = [_entry(h) for h in hosts if h.kind == "container"]
     vms = [_entry(h) for h in hosts if h.kind == "vm"]
     return containers, vms
+
+
+FLEET_INVENTORY = """\
+from ironserve.inventory import site
+from ironserve_lab.inventory import lab_groups
+
+_containers, _vms = lab_groups()
+_data = dict(_containers + _vms)
+fleet = site([(name, _data[name]) for name in {names!r}])
+"""
+
+
+def write_fleet_inventory(path: Path, names: list[str]) -> Path:
+    """An inventory file of these running lab hosts only, in this order (others may run lab hosts meanwhile): what a
+    rollout over part of the lab is given."""
+    path.write_text(FLEET_INVENTORY.format(names=names), encoding="utf-8")
+    return path

@@ -1,5 +1,5 @@
 """Wires the modules into one command: verify, seal, launch, probe, exporter, rules, scale, router, control, swap,
-kube-swap, rollback, release-check, load-chaos, api-key, status."""
+kube-swap, rollback, release-check, load-chaos, api-key, status, traffic, drain."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ from ironserve_service import (
     serving,
     slo,
     swap,
+    traffic,
 )
 from ironserve_service.kube import KubeError
-from ironserve_service.settings import COLOURS, Colour, ServiceSettings, load_settings
+from ironserve_service.settings import COLOURS, Colour, ServiceSettings, SwapSettings, load_settings
 
 DEFAULT_CONFIG = Path("/etc/ironserve/service.yaml")
 
@@ -216,6 +217,51 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if status["ready"] else 1
 
 
+def cmd_traffic(args: argparse.Namespace) -> int:
+    try:
+        took = traffic.set_traffic(_settings(args.config).swap, args.state)
+    except traffic.TrafficError as error:
+        print(f"FAILED traffic {args.state}: {error}", file=sys.stderr)
+        return 1
+    print(f"traffic: {args.state} (in force on Envoy after {took:.1f} s)")
+    return 0
+
+
+def _serve_again(settings: SwapSettings) -> str:
+    """Puts serving back after a drain that did not finish; says what the host serves then."""
+    try:
+        traffic.set_traffic(settings, "serving")
+    except traffic.TrafficError as error:
+        return f"putting serving back failed too ({error}): run `ironserve-service traffic serving`"
+    return "the host serves again"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    settings = _settings(args.config).swap
+    notice_s = settings.host_drain_notice_s if args.notice is None else args.notice
+    timeout_s = settings.host_drain_timeout_s if args.timeout is None else args.timeout
+    if notice_s < 0 or timeout_s <= 0:
+        raise SystemExit(f"drain: --notice must be >= 0 and --timeout > 0 (got {notice_s:g} and {timeout_s:g})")
+    # A drain stopped by the service manager ends as one stopped by Ctrl-C: the host is put back in service.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        finished_s = traffic.drain(settings, notice_s, timeout_s, lambda line: print(line, file=sys.stderr, flush=True))
+    except traffic.DrainTimeout as timeout:
+        print(f"FAILED drain: {timeout.running} requests still running after {timeout_s:g} s; "
+              f"{_serve_again(settings)}", file=sys.stderr)  # fmt: skip
+        return 1
+    except (Exception, KeyboardInterrupt) as error:
+        reason = f"interrupted ({str(error) or 'Ctrl-C'})" if isinstance(error, KeyboardInterrupt) else str(error)
+        print(f"FAILED drain: {reason}; {_serve_again(settings)}", file=sys.stderr)
+        return 1
+    print(f"drained: notice {notice_s:g}s, in-flight finished after {finished_s:.1f}s")
+    return 0
+
+
 def cmd_control(args: argparse.Namespace) -> int:
     return control.run_controller(_settings(args.config))
 
@@ -303,6 +349,25 @@ def parser() -> argparse.ArgumentParser:
     status_command = commands.add_parser("status", help="JSON: active version, colour, ready (exit 0 when ready)")
     status_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     status_command.set_defaults(handler=cmd_status)
+
+    traffic_command = commands.add_parser(
+        "traffic", help="the host's traffic state in etcd, waited for until Envoy serves it (exit 1 when not in time)"
+    )
+    traffic_command.add_argument(
+        "state", choices=router.TRAFFIC_STATES, help="draining: /health 503, requests served; closed: new ones 503"
+    )
+    traffic_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    traffic_command.set_defaults(handler=cmd_traffic)
+
+    drain_command = commands.add_parser(
+        "drain", help="draining, the notice, closed, in-flight requests finished (else serving again, exit 1)"
+    )
+    drain_command.add_argument("--notice", type=float, help="seconds of draining (default swap.host_drain_notice_s)")
+    drain_command.add_argument(
+        "--timeout", type=float, help="bound on in-flight requests finishing (default swap.host_drain_timeout_s)"
+    )
+    drain_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    drain_command.set_defaults(handler=cmd_drain)
 
     control_command = commands.add_parser("control", help="watch etcd and move Envoy's route after a readiness check")
     control_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)

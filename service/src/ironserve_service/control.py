@@ -4,7 +4,9 @@ etcd is reached through its v3 JSON gateway (``/v3/kv/range``, ``/v3/kv/txn``, `
 standard library: no gRPC stack or protobuf pin in the engine venv, and the same calls work against
 any etcd >= 3.4. Keys under ``/models/<name>/``: ``active`` (the serving version) and
 ``colours/<blue|green>`` (the version each colour runs) and ``proofs/<blue|green>`` (what ``swap`` proved about the
-colour's readiness right before its write), written together in one transaction by ``swap``.
+colour's readiness right before its write), written together in one transaction by ``swap``; ``traffic`` (the
+host's traffic state, router.py: serving, draining or closed; absent means serving), written by ``traffic`` and
+``drain`` and rendered into the same route file.
 """
 
 from __future__ import annotations
@@ -222,6 +224,14 @@ class EnvoyAdmin:
         match = re.search(rf"^{re.escape(name)}: (\d+)$", text, re.MULTILINE)
         return int(match.group(1)) if match else 0
 
+    def route_traffic(self) -> router.Traffic | None:
+        """The traffic state of the route Envoy serves (router.route_traffic); None before it serves one."""
+        dump = json.loads(self._get("/config_dump?resource=dynamic_route_configs"))
+        for config in dump.get("configs", []):
+            if "route_config" in config:
+                return router.route_traffic(config["route_config"])
+        return None
+
     def route_version(self) -> str | None:
         applied = self.route_applied()
         return applied[0] if applied else None
@@ -328,6 +338,13 @@ def desired(swap: SwapSettings, values: dict[str, str]) -> tuple[Colour | None, 
     return None, version
 
 
+def traffic_state(swap: SwapSettings, values: dict[str, str]) -> router.Traffic:
+    """The traffic state the etcd values ask for: absent is serving; a value naming no state (put by hand) is
+    draining, which keeps the host out of its load balancer and still serves."""
+    value = values.get(swap.traffic_key, "serving")
+    return next((state for state in router.TRAFFIC_STATES if state == value), "draining")
+
+
 @dataclass(frozen=True)
 class SwitchTiming:
     """Wall-clock times (time.time()) of one switch inside the control loop, logged with the switch so that
@@ -369,6 +386,7 @@ class Controller:
         self.route_revision, self.colour, self.version = router.current_route(self.swap)
         self.keys: list[tuple[str, str]] = []
         self.keys_shown: str | None = None
+        self.unknown_traffic: str | None = None  # the last traffic value logged as naming no state
 
     def apply(self, revision: int, received_at: float | None = None) -> None:
         """Moves the route to what the etcd values ask for; received_at is when they arrived (for the timing)."""
@@ -389,7 +407,7 @@ class Controller:
         checked_at = time.time()
         path = self.swap.router_dir / router.RDS_FILE
         router.write_route(path, router.routes(self.swap, colour, version, revision, self.settings.quality,
-                                               self.api_keys()))  # fmt: skip
+                                               self.api_keys(), self.traffic()))  # fmt: skip
         timing = SwitchTiming(event_at, checked_at, time.time())
         self.log(f"route -> {colour}/{version} (etcd revision {revision}) {result.reason}; {timing.log_text()}")
         router.prune_routes(path)
@@ -418,21 +436,34 @@ class Controller:
             self.keys_shown = shown
         return self.keys
 
+    def traffic(self) -> router.Traffic:
+        """The traffic state etcd asks for (traffic_state); a value naming no state is logged once."""
+        value = self.values.get(self.swap.traffic_key)
+        state = traffic_state(self.swap, self.values)
+        unknown = None if value in (None, state) else value
+        if unknown is not None and unknown != self.unknown_traffic:
+            self.log(f"{self.swap.traffic_key} is {unknown!r}, not one of {', '.join(router.TRAFFIC_STATES)}: "
+                     "served as draining (out of the load balancer, requests still served)")  # fmt: skip
+        self.unknown_traffic = unknown
+        return state
+
     def apply_settings(self) -> None:
         """Re-render the route the colour already serves when the settings (e.g. swap.routing, applied by
-        restarting this loop) or the API keys changed, so that they reach Envoy without a switch. Prod traffic
-        keeps its target, so no readiness check is needed; an unchanged route is not rewritten."""
+        restarting this loop), the API keys or the traffic state changed, so that they reach Envoy without a switch.
+        Prod traffic keeps its target, so no readiness check is needed; an unchanged route is not rewritten."""
         if self.colour is None:
             return
         path = self.swap.router_dir / router.RDS_FILE
+        traffic = self.traffic()
         wanted = router.routes(self.swap, self.colour, self.version, self.route_revision,  # type: ignore[arg-type]
-                               self.settings.quality, self.api_keys())  # fmt: skip
+                               self.settings.quality, self.api_keys(), traffic)  # fmt: skip
         with contextlib.suppress(OSError, ValueError):
             if json.loads(path.read_text(encoding="utf-8")) == wanted:
                 return
         router.write_route(path, wanted)
         router.prune_routes(path)
-        self.log(f"route re-rendered for the current settings and keys ({self.colour}/{self.version})")
+        self.log(f"route re-rendered for the current settings, keys and traffic {traffic} "
+                 f"({self.colour}/{self.version})")  # fmt: skip
 
     def resync(self) -> bool:
         """A full read of every key, applied; True when it held values that the watch had not delivered."""

@@ -14,6 +14,12 @@ X-Env colouring (``SwapSettings.routing``): requests with ``X-Env: staging`` go 
 else (no header, unknown value, or a colour that is not configured) to the active colour. The header routes
 are part of the same route file, so every rewrite by the control loop moves the canary split's prod share
 to the new colour too.
+
+Host traffic state (etcd's ``SwapSettings.traffic_key``, ``ironserve-service traffic`` and ``drain``), also part of
+the route file: ``serving`` as above; ``draining``: ``/health`` answers 503 ``draining`` from Envoy itself, so the
+site load balancer takes the host out, while the API paths are still served; ``closed``: every API path answers
+503 ``draining`` too, new work is refused while the streams in flight finish on the route they started on. X-Env
+routes follow the same state; the API keys still apply.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ironserve_service.settings import COLOURS, Colour, QualitySettings, RoutingSettings, SwapSettings
 
@@ -80,6 +86,15 @@ HEALTH_PATH = "/health"
 CHAT_PATH = "/v1/chat/completions"
 # The quality sink (quality.py) receives a sampled copy of prod chat requests; Envoy never waits for it.
 MIRROR_CLUSTER = "quality"
+# The host's traffic state (module docstring): what the site load balancer and new requests get from this Envoy.
+Traffic = Literal["serving", "draining", "closed"]
+TRAFFIC_STATES: tuple[Traffic, ...] = ("serving", "draining", "closed")
+# Envoy's own answer on /health while the host leaves its load balancer, and on the API paths once it is closed.
+DRAINING_BODY = "draining"
+DRAINING = {"status": 503, "body": {"inline_string": DRAINING_BODY}}
+# A /health request carrying this header reaches the active colour in every traffic state: `swap` on a drained host
+# must see the new colour answer through Envoy, which the load balancer's plain /health never reaches then.
+PROBE_HEADER = "x-ironserve-probe"
 
 JSON = dict[str, Any]
 
@@ -250,6 +265,11 @@ def _colours(routing: RoutingSettings) -> dict[str, list[str]]:
     return {name: backends for name, backends in ((STAGING, routing.staging), (CANARY, routing.canary)) if backends}
 
 
+def served_clusters(settings: SwapSettings) -> list[str]:
+    """The clusters that requests are routed to: blue, green and the configured X-Env colours (not the mirror sink)."""
+    return [*COLOURS, *_colours(settings.routing)]
+
+
 def clusters(settings: SwapSettings, quality: QualitySettings | None = None) -> JSON:
     """blue and green (one local engine each), staging and canary when configured, the quality sink when mirrored."""
     extra = [
@@ -322,6 +342,11 @@ def mirror_policies(quality: QualitySettings | None) -> list[JSON]:
     return [{"cluster": MIRROR_CLUSTER, "runtime_fraction": {"default_value": share}}]
 
 
+def _refused(match: JSON, traffic: Traffic) -> bool:
+    """Whether Envoy answers a served path itself in this traffic state: /health unless serving, all when closed."""
+    return traffic == "closed" or (traffic == "draining" and match["path"] == HEALTH_PATH)
+
+
 def routes(
     settings: SwapSettings,
     colour: Colour | None,
@@ -329,6 +354,7 @@ def routes(
     revision: int,
     quality: QualitySettings | None = None,
     api_keys: list[tuple[str, str]] | None = None,
+    traffic: Traffic = "serving",
 ) -> JSON:
     """Only the OpenAI API paths and /health reach the active colour; everything else is 404.
 
@@ -336,6 +362,8 @@ def routes(
     same paths. colour None: no model is active yet, every served path gets 503 (X-Env included). With
     `quality`, prod chat requests are mirrored to the quality sink (staging and canary are not: their answers
     would be scored as prod's). With `settings.api_keys_file`, the API routes accept only `api_keys`.
+    `traffic` draining: /health (X-Env included) answers 503 `draining`; closed: every served path does; either way
+    a /health request with PROBE_HEADER still reaches the colour (swap's proof that the route moved).
     """
     matches: list[JSON] = [{"path": path} for path in (*API_PATHS, HEALTH_PATH)]
     if colour is None:
@@ -351,7 +379,13 @@ def routes(
             chat = match["path"] == CHAT_PATH and mirrored["request_mirror_policies"]
             return {"match": match, "route": mirrored if chat else action, "typed_per_filter_config": headers}
 
-        served = [*_x_env_routes(settings, colour, matches, headers), *map(prod, matches)]
+        served = [
+            {"match": route["match"], "direct_response": DRAINING} if _refused(route["match"], traffic) else route
+            for route in (*_x_env_routes(settings, colour, matches, headers), *map(prod, matches))
+        ]
+        if traffic != "serving":
+            probe = {"path": HEALTH_PATH, "headers": [{"name": PROBE_HEADER, "present_match": True}]}
+            served.insert(0, prod(probe))
     served.append({"match": {"prefix": "/"}, "direct_response": {"status": 404}})
     if settings.api_keys_file is not None:
         served = _with_keys(served, api_keys or [])
@@ -371,6 +405,20 @@ def routes(
             }
         ],
     }
+
+
+def route_traffic(route_config: JSON) -> Traffic:
+    """The traffic state a RouteConfiguration rendered by routes() is in, read from its prod /health and chat
+    routes: the same reading for the route file's resource and for the route Envoy's config_dump shows in force."""
+    refused = {
+        route["match"].get("path")
+        for host in route_config.get("virtual_hosts", [])
+        for route in host.get("routes", [])
+        if "headers" not in route["match"] and route.get("direct_response") == DRAINING
+    }
+    if CHAT_PATH in refused:
+        return "closed"
+    return "draining" if HEALTH_PATH in refused else "serving"
 
 
 def write_atomic(path: Path, document: JSON) -> None:

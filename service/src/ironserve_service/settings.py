@@ -387,6 +387,12 @@ class SwapSettings(_Strict):
     # check and a route switch instead of an engine start; costs a second engine's memory (on a GPU host, its GPUs'
     # memory), hence off by default.
     keep_previous: bool = False
+    # `drain`: how long /health answers 503 `draining` while requests are still served, before new ones are refused:
+    # the site load balancer takes the host out only once its health checks have failed (interval x unhealthy
+    # threshold), and the requests it sends until then still get an answer.
+    host_drain_notice_s: float = Field(default=10.0, ge=0)
+    # `drain`: the bound on the requests in flight finishing once new ones are refused; past it the host serves again.
+    host_drain_timeout_s: float = Field(default=300.0, gt=0)
     # X-Env staging/canary routes of the same Envoy (here because `router` and `control` get SwapSettings).
     routing: RoutingSettings = RoutingSettings()
 
@@ -422,6 +428,11 @@ class SwapSettings(_Strict):
     def previous_key(self) -> str:
         """The version that was active before the last swap: what `rollback` swaps back to."""
         return f"/models/{self.model_name}/previous"
+
+    @property
+    def traffic_key(self) -> str:
+        """The host's traffic state (`traffic`, `drain`): serving, draining or closed; absent means serving."""
+        return f"/models/{self.model_name}/traffic"
 
     def colour_key(self, colour: Colour) -> str:
         return f"/models/{self.model_name}/colours/{colour}"

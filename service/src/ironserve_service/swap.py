@@ -37,6 +37,7 @@ from ironserve_service.control import (
     colour_readiness,
     desired,
     proof_key,
+    traffic_state,
 )
 from ironserve_service.health import marker_pid, pid_alive
 from ironserve_service.settings import COLOURS, Colour, ServiceSettings
@@ -219,7 +220,8 @@ def first_answer_from(settings: ServiceSettings, colour: Colour, timeout_s: floa
         while time.monotonic() < deadline:
             asked_at = time.monotonic()
             try:
-                connection.request("GET", "/health")
+                # The probe header: on a drained host Envoy answers the plain /health itself (router.PROBE_HEADER).
+                connection.request("GET", router.HEALTH_PATH, headers={router.PROBE_HEADER: "swap"})
                 response = connection.getresponse()
                 response.read()
             except (OSError, http.client.HTTPException):
@@ -254,19 +256,27 @@ def wait_idle(admin: EnvoyAdmin, cluster: str, idle_s: float, max_s: float, inte
 
 
 def serving_status(settings: ServiceSettings) -> dict[str, object]:
-    """What this host serves now: etcd's active version and colour, and whether that colour is ready.
+    """What this host serves now: etcd's active version and colour, whether that colour is ready, and the host's
+    traffic state (control.traffic_state; None when etcd is unreachable).
 
-    `ready` is the fast check (ready marker of a live launcher, /health 200), as the control loop uses it.
-    The inference role reads this to decide whether a swap is due (a version change, or a colour that died).
+    `ready` is the fast check (ready marker of a live launcher, /health 200), as the control loop uses it; it does
+    not depend on the traffic state. The inference role reads this to decide whether a swap is due (a version
+    change, or a colour that died).
     """
     swap_settings = settings.swap
-    status: dict[str, object] = {"model": swap_settings.model_name, "active": None, "colour": None, "ready": False}
+    status: dict[str, object] = {
+        "model": swap_settings.model_name,
+        "active": None,
+        "colour": None,
+        "ready": False,
+        "traffic": None,
+    }
     try:
         snapshot = Etcd(swap_settings.etcd_url, swap_settings.etcd_timeout_s).get_prefix(swap_settings.key_prefix)
     except EtcdError as error:
         return {**status, "reason": f"etcd: {error}"}
     colour, version = desired(swap_settings, snapshot.values)
-    status.update(active=version, colour=colour)
+    status.update(active=version, colour=colour, traffic=traffic_state(swap_settings, snapshot.values))
     if colour is None:
         return {**status, "reason": "no colour runs the active version" if version else "nothing active"}
     result = check_colour(settings, colour, full=False)
