@@ -1,9 +1,10 @@
-"""`ironserve rollout` against four real lab container hosts, one batch at a time (host_tuning alone: the cheapest
+"""`ironserve rollout` against four real lab container hosts in batches of two (host_tuning alone: the cheapest
 role whose change the gate proves; the traffic phases of a serving host are in tests/lab/test_inference_deploy.py).
 
 The failure is real: a unit on the second host puts a sysctl back behind the deploy's back, so the deploy changes it
-and the gate then finds it wrong. The rollout stops there, the third and fourth hosts are compared byte for byte
-before and after, and `--resume` completes once the unit is stopped.
+and the gate then finds it wrong. The first host of the same batch passes and returns; the rollout stops there, the
+third and fourth hosts are compared byte for byte before and after, and `--resume` completes once the unit is
+stopped: the second host alone, then the last batch.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def test_a_failure_on_the_second_host_stops_the_rollout_and_resume_completes_it(
     remote.run(second, f"systemd-run --unit={DRIFT_UNIT} sh -c '{DRIFT}'")
     before = {host.name: remote.run(host, SNAPSHOT) for host in (third, fourth)}
 
-    stopped = _rollout(inventory, reports, "--canary-pause", "0")
+    stopped = _rollout(inventory, reports, "--batch", "2", "--max-unavailable", "2")
     print(stopped.stdout)
     assert stopped.returncode == 1, stopped.stdout + stopped.stderr
     hosts = _record(reports)["hosts"]
@@ -104,6 +105,7 @@ def test_a_failure_on_the_second_host_stops_the_rollout_and_resume_completes_it(
     hosts = record["hosts"]
     assert isinstance(hosts, dict)
     assert all(host["result"] == "ok" for host in hosts.values()), hosts
-    assert f"batch 1/4: {first.name}" not in resumed.stdout  # the first host is not redone
+    assert f"batch 1/2: {second.name}\n" in resumed.stdout and f"{first.name}: drain" not in resumed.stdout
+    assert f"batch 2/2: {third.name}, {fourth.name}" in resumed.stdout
     again = _rollout(inventory, reports, "--resume")
     assert again.returncode == 2 and "completed" in again.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -11,13 +10,12 @@ from dataclasses import dataclass
 
 from ironserve.paths import REPO_ROOT
 from ironserve.registry import registry
+from ironserve.rollout import ANSI, GRAND_TOTAL
 from ironserve_lab.state import LabHost
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Every role below the inference service: what the host-level lab tests and the convergence benchmark
 # deploy. The service has its own lab test; an engine per host would not fit a 2-core machine.
 HOST_ROLES = tuple(role for role in registry().default_names if role != "inference")
-GRAND_TOTAL = re.compile(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
 
 
 @dataclass(frozen=True)
