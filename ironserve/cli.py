@@ -97,20 +97,28 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     """Everything is checked (the inventory, the plan, the record to resume) before any host is contacted."""
-    override = {"ironserve_roles": args.roles} if args.roles else {}
-    hosts, configs = _validated(args.inventory, override)
     reports = Path(args.reports)
+    # A resume deploys and checks the roles the rollout recorded: the inventory is validated with them.
+    resumed = rollout.resumable(reports) if args.resume else None
+    recorded = resumed.options.get("roles") if resumed else None
+    if args.resume and args.roles and args.roles != recorded:
+        raise rollout.RolloutError(f"--resume continues the recorded plan: its roles are {recorded or 'all'}")
+    roles = recorded if args.resume else args.roles
+    hosts, configs = _validated(args.inventory, {"ironserve_roles": roles} if roles else {})
     names = [host.name for host in hosts]
-    if args.resume:
+    if resumed is not None:
         planned = {"--batch": args.batch, "--max-unavailable": args.max_unavailable, "--canary": args.canary,
                    "--order": args.order}  # fmt: skip
         given = [flag for flag, value in planned.items() if value is not None]
         if given:
             raise rollout.RolloutError(f"--resume continues the recorded plan: drop {', '.join(given)}")
-        state = rollout.resumable(reports, names)
+        state = resumed
+        missing = sorted(set(state.hosts) - set(names))
+        if missing:
+            raise rollout.RolloutError(f"--resume: the rollout's hosts {', '.join(missing)} are not in this inventory")
         if state.inventory != args.inventory:
             raise rollout.RolloutError(f"--resume: the rollout was of {state.inventory}, not {args.inventory}")
-        roles, chosen_file = state.options.get("roles"), state.options.get("deploy_file")
+        chosen_file = state.options.get("deploy_file")
         gate_args = list(state.options.get("gate_args") or [])
         if args.gate_args:
             raise rollout.RolloutError("--resume continues the recorded plan: it keeps the gate's arguments")
@@ -118,7 +126,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         order = [name.strip() for name in args.order.split(",")] if args.order else None
         plan = rollout.make_plan(names, args.batch, args.max_unavailable or "1", args.canary, order)
         deploy_file(args.deploy_file)  # a missing file is said now, not at the first host's change
-        roles, chosen_file = args.roles, args.deploy_file and str(Path(args.deploy_file).resolve())
+        chosen_file = args.deploy_file and str(Path(args.deploy_file).resolve())
         gate_args = args.gate_args
         options = {"roles": roles, "deploy_file": chosen_file, "gate_args": gate_args}
         state = rollout.new_rollout(args.inventory, plan, options, reports)

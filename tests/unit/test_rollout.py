@@ -103,6 +103,7 @@ def _stopped_record(reports: Path) -> None:
             "stopped (r2.invalid in prove (failed): gate failed: test_x): `ironserve rollout INVENTORY --resume`",
         ),
         (["--resume", "--batch", "2"], "stopped", "--resume continues the recorded plan: drop --batch"),
+        (["--resume", "--roles", "security"], "stopped", "--resume continues the recorded plan: its roles are all"),
         (["--resume"], "completed", "--resume: the rollout started 2026-12-06T10:00:00+00:00 completed"),
         (["--resume"], "not json", "is not a rollout's record"),
     ],
