@@ -35,7 +35,9 @@ ENGINE_ENVIRONMENT = {
 SERVICE_OVERRIDES: dict[str, dict[str, Any]] = {
     "engine": {"max_model_len": 512, "max_num_seqs": 8, "tensor_parallel_size": 1, "enforce_eager": True},
     "readiness": {"startup_timeout_s": 300, "drain_timeout_s": 20},
-    "swap": {"ready_timeout_s": 300, "poll_interval_s": 0.2},
+    # The lab's balancer (tests/lab/test_inference_deploy.py) checks /health every 0.2 s: 3 s of draining notice is
+    # 15 of its checks, where a site's balancer needs the default's 10 s.
+    "swap": {"ready_timeout_s": 300, "poll_interval_s": 0.2, "host_drain_notice_s": 3},
     # The release gate: no GPU, and the inference lab hosts run no container runtime.
     "release": {"require_gpu": False, "runtime_storage": None, "runtime_unit": None},
     # The load-and-chaos gate runs on every swap, in phases short enough for a test; the engine, locust and stress-ng
