@@ -220,8 +220,9 @@ class Role:
     # The facts the role reads while it is queued (ironserve.speed.reads.Read), fetched with the deploy's first facts.
     queue_reads: Callable[[Any], list[Any]] | None = None
     # How `ironserve rollout` moves this host's traffic off and back (ironserve.traffic.TrafficControl), given the
-    # host's config and the rollout's drain bound in seconds (None: the role's own setting); None: no traffic here.
-    traffic: Callable[[Any, float | None], Any] | None = None
+    # host's name, the fleet's configs ({host: config}, inventory order) and the rollout's drain bound in seconds
+    # (None: the role's own setting); None: no traffic here.
+    traffic: Callable[[str, Mapping[str, Any], float | None], Any] | None = None
 
 
 @dataclass(frozen=True)

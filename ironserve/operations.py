@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Generator
 from typing import Any
 
@@ -9,7 +10,7 @@ from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
-from pyinfra.facts.files import FindInFile
+from pyinfra.facts.files import FindInFile, Sha256File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files, systemd
 from pyinfra.operations.util.files import adjust_regex
@@ -74,6 +75,31 @@ def restarted_when_stale(unit: str, inputs: list[str], check: str | None = None)
         return
     if check:
         yield check
+    yield StringCommand("systemctl", "restart", unit)
+
+
+def _written_reads(unit: str, inputs: list[str], written: dict[str, str], **_: Any) -> list[Read]:
+    return [
+        Read(StaleUnits, {"inputs": {unit: inputs}}),
+        *(Read(Sha256File, {"path": path}) for path in sorted(written)),
+    ]
+
+
+@reading_operation(reads=_written_reads)
+def restarted_when_written_differs(unit: str, inputs: list[str], written: dict[str, str]) -> Commands:
+    """Restart a running unit that started before one of its inputs changed (its unit file), or whose files written
+    at its start (path -> the text it would write now) differ on the host. For a unit that renders its own files
+    from a wider configuration: a change of that configuration that does not reach its files leaves it running."""
+    differing = [
+        path
+        for path, text in sorted(written.items())
+        if read(Sha256File, path=path) != hashlib.sha256(text.encode()).hexdigest()
+    ]
+    if unit not in read(StaleUnits, inputs={unit: inputs}) and not differing:
+        host.noop(f"{unit} started after its inputs last changed and runs its files as rendered now")
+        return
+    if differing:
+        report(f"{unit} restarts: {', '.join(differing)} differ from what it would write now")
     yield StringCommand("systemctl", "restart", unit)
 
 

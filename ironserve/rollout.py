@@ -339,10 +339,14 @@ class Runner:
         controls = []
         for role in self.registry.roles:
             if role.traffic is not None and role.name in config.roles:
-                control = role.traffic(config, self.drain_timeout_s)
+                control = role.traffic(host, self.configs, self.drain_timeout_s)
                 if control is not None:
                     controls.append(control)
         return controls
+
+    def control(self, host: str, control: TrafficControl, command: str) -> subprocess.CompletedProcess[str]:
+        """One of a role's traffic commands for `host`, on the host or on the host the role names (`via`)."""
+        return self.remote(control.via or host, command)
 
     def on_host(self, host: str, command: str, what: str) -> str:
         result = self.remote(host, command)
@@ -354,7 +358,7 @@ class Runner:
         lines = []
         for control in self.traffic(host):
             if control.describe:
-                result = self.remote(host, control.describe)
+                result = self.control(host, control, control.describe)
                 lines.append(f"{control.role} {last_line(result.stdout) if result.returncode == 0 else 'unknown'}")
         return "; ".join(lines) or None
 
@@ -363,9 +367,9 @@ class Runner:
     def drain(self, host: str) -> str:
         done = []
         for control in self.traffic(host):
-            result = self.remote(host, control.drain)
+            result = self.control(host, control, control.drain)
             if result.returncode != 0:
-                back = self.remote(host, control.restore)
+                back = self.control(host, control, control.restore)
                 state = "serving again" if back.returncode == 0 else f"NOT serving: {last_line(back.stderr)}"
                 raise PhaseFailed(
                     f"{control.role} drain: {last_line(result.stderr or result.stdout)} (unchanged, {state})",
@@ -395,7 +399,7 @@ class Runner:
         """The gate, once; after a reboot again every SETTLE_RETRY_S until it passes or settle_s has passed: a host
         that has just booted syncs its clock and loads its model before it can pass."""
         for control in self.traffic(host):
-            self.on_host(host, control.hold, f"{control.role} open to its own front door")
+            self.on_host(control.via or host, control.hold, f"{control.role} held out of service for the gate")
         # --ironserve-held: the gate expects the host out of its load balancer (a draining /health), as it is now.
         gate = ["verify", "--limit", host, "--reports", str(self.reports), *self.only(), self.rollout.inventory,
                 "--ironserve-held", *self.gate_args]  # fmt: skip
@@ -411,7 +415,10 @@ class Runner:
             time.sleep(SETTLE_RETRY_S)
 
     def give_back(self, host: str) -> str:
-        done = [f"{c.role}: {self.on_host(host, c.restore, f'{c.role} back in service')}" for c in self.traffic(host)]
+        done = [
+            f"{c.role}: {self.on_host(c.via or host, c.restore, f'{c.role} back in service')}"
+            for c in self.traffic(host)
+        ]
         return "; ".join(done) or "nothing to return"
 
     def host(self, host: str) -> bool:

@@ -9,6 +9,8 @@ on the host over SSH, each idempotent and each exiting non-zero with its reason 
 - `restore`: the host takes traffic again.
 `describe` prints one line saying what the host serves (recorded before and after the change, so a stopped
 rollout states the fleet's mix).
+`via` names the inventory host whose shell runs the commands when it is not the host itself: a Kubernetes node is
+cordoned and drained through the API server, with the admin credentials a control plane holds.
 """
 
 from __future__ import annotations
@@ -23,3 +25,4 @@ class TrafficControl:
     hold: str
     restore: str
     describe: str | None = None
+    via: str | None = None

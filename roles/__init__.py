@@ -23,7 +23,7 @@ from roles.host_tuning import host_tuning
 from roles.host_tuning.settings import HostTuningSettings
 from roles.inference import inference, inference_deployable, inference_traffic
 from roles.inference.settings import InferenceSettings
-from roles.kubernetes import cluster_layout_problems, kubernetes, kubernetes_deployable
+from roles.kubernetes import cluster_layout_problems, kubernetes, kubernetes_deployable, kubernetes_traffic
 from roles.kubernetes.settings import KubernetesSettings
 from roles.nvidia import nvidia, nvidia_deployable
 from roles.nvidia import queue_reads as nvidia_queue_reads
@@ -67,6 +67,7 @@ REGISTRY = Registry(
             kubernetes_deployable,
             check_fleet=cluster_layout_problems,
             opt_in=True,
+            traffic=kubernetes_traffic,
         ),
         Role("cluster_addons", ClusterAddonsSettings, cluster_addons, cluster_addons_deployable, opt_in=True),
         Role("inference", InferenceSettings, inference, inference_deployable, traffic=inference_traffic),

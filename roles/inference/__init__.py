@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ironserve_service import router
 from ironserve_service.settings import COLOURS, ServiceSettings
 from ironserve_service.slo import render_rules
 from pyinfra.api.deploy import deploy
@@ -25,7 +26,7 @@ from ironserve.apt import installed
 from ironserve.dropins import foreign_dropins_moved_aside
 from ironserve.kubectl import ADMIN_KUBECONFIG, objects_applied
 from ironserve.layout import role_template
-from ironserve.operations import daemon_reloaded, live_sysctl, restarted_when_stale
+from ironserve.operations import daemon_reloaded, live_sysctl, restarted_when_stale, restarted_when_written_differs
 from ironserve.owned import owned_directory, owned_file, render_template, unmasked
 from ironserve.run import HostRun
 from ironserve.sysctl_boot import boot_sysctls_win
@@ -58,12 +59,13 @@ KUBERNETES_DIR = Path("/etc/ironserve/kubernetes")
 KUBERNETES_OBJECTS = KUBERNETES_DIR / "ai-service.yaml"
 PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
 PROMETHEUS_RULES = "/etc/prometheus/ironserve-rules.yml"
+ROUTER_UNIT = "ironserve-router.service"
 COMPONENTS = {  # unit -> (ironserve-service command, what it is, units it starts after)
-    "ironserve-router.service": ("router", "Envoy router in front of the blue/green engines", ()),
+    ROUTER_UNIT: ("router", "Envoy router in front of the blue/green engines", ()),
     "ironserve-control.service": (
         "control",
         "control loop: etcd's active version -> Envoy's route",
-        ("etcd.service", "ironserve-router.service"),
+        ("etcd.service", ROUTER_UNIT),
     ),
     "ironserve-exporter.service": ("exporter", "five-dimension metrics exporter", ()),
 }
@@ -299,11 +301,14 @@ except (ValueError, KeyError, TypeError):
 """
 
 
-def inference_traffic(config: StackConfig, drain_timeout_s: float | None) -> TrafficControl | None:
+def inference_traffic(
+    host: str, fleet: Mapping[str, StackConfig], drain_timeout_s: float | None
+) -> TrafficControl | None:
     """`ironserve rollout`'s commands for this host: the service's own drain (Envoy's /health says draining for
     swap.host_drain_notice_s, then new work is refused and in-flight requests finish), hold (/health still draining,
-    the API open for the gate) and return. In kubernetes mode the host's traffic is its pods': None (the rollout does
-    not cordon nodes yet)."""
+    the API open for the gate) and return. In kubernetes mode the host's traffic is its pods': None (roles/kubernetes
+    cordons and drains the node)."""
+    config = fleet[host]
     if config.inference.mode != "systemd":
         return None
     cli = f"{config.inference.venv}/bin/ironserve-service"
@@ -406,6 +411,17 @@ def inference(config: StackConfig, run: HostRun) -> None:
         systemd.service(
             name=f"{unit} without the foreign drop-in", service=unit, restarted=True, _if=dropins.did_change
         )
+        if unit == ROUTER_UNIT:
+            # A restart of Envoy cuts the requests in flight: only a change of the files it starts from restarts it.
+            restarted_when_written_differs(
+                name=f"{unit} runs its current unit and Envoy configuration",
+                unit=unit,
+                inputs=[f"{UNIT_DIR}/{unit}"],
+                written={
+                    str(path): text for path, text in router.startup_files(settings.swap, settings.quality).items()
+                },
+            )
+            continue
         restarted_when_stale(
             name=f"{unit} runs its current unit and configuration",
             unit=unit,

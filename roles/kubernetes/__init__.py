@@ -10,6 +10,7 @@ overlay/br_netfilter, forwarding sysctls) and containerd's CRI settings belong t
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,9 +29,11 @@ from ironserve.apt import (
     unattended_blacklist,
 )
 from ironserve.dropins import foreign_dropins_moved_aside
+from ironserve.kubectl import ADMIN_KUBECONFIG
 from ironserve.operations import service_state
 from ironserve.owned import owned_directory, owned_file
 from ironserve.run import HostRun
+from ironserve.traffic import TrafficControl
 from roles.kubernetes.operations import cgroup_drivers_agree, cluster_initialised, cluster_version_kept, node_joined
 from roles.kubernetes.render import (
     KUBEADM_CONFIG,
@@ -114,6 +117,58 @@ def cluster_layout_problems(fleet: Mapping[str, StackConfig]) -> list[str]:
                 "no pod addresses; accepted: a larger pod subnet or a longer --node-cidr-mask-size"
             )
     return problems
+
+
+def traffic_via(host: str, fleet: Mapping[str, StackConfig]) -> str:
+    """Where `ironserve rollout` runs kubectl for `host`'s node: another control plane of the inventory when there
+    is one (a control plane being changed may not answer), else the only one, which may be the host itself."""
+    planes = [name for name, config in members(fleet).items() if config.kubernetes.role == "control-plane"]
+    return next((name for name in planes if name != host), host)
+
+
+def kubernetes_traffic(
+    host: str, fleet: Mapping[str, StackConfig], drain_timeout_s: float | None
+) -> TrafficControl | None:
+    """`ironserve rollout`'s commands for a node, run with kubeadm's admin kubeconfig on a control plane: drain
+    cordons the node and evicts its pods through the eviction API (PodDisruptionBudgets respected; DaemonSet pods
+    stay) within the bound, else fails with kubectl's reason, and the rollout uncordons the node; hold keeps it
+    cordoned; restore uncordons it. The inference pods are Deployment pods: evicted, they start on other nodes and
+    the Service follows their readiness."""
+    config = fleet[host]
+    node = config.kubernetes.node_name or host
+    timeout = drain_timeout_s if drain_timeout_s is not None else config.kubernetes.drain_timeout_s
+    kubectl = shlex.join(["kubectl", "--kubeconfig", ADMIN_KUBECONFIG])
+    quoted = shlex.quote(node)
+    # kubectl's own message first (NotFound, or an API server that does not answer), then where the name came from.
+    hint = f" (the Node's name is kubernetes_node_name, or the inventory name {host} when unset)"
+    known = (
+        f"err=$({kubectl} get node {quoted} -o name 2>&1 >/dev/null) || "
+        f"""{{ printf '%s%s\\n' "$err" {shlex.quote(hint)} >&2; exit 1; }}"""
+    )
+    # kubectl's last line says that it gave up; the first refused eviction says why (a disruption budget).
+    failed = f"kubectl drain {node}: "
+    drain = (
+        f"{known}; out=$({kubectl} drain {quoted} --ignore-daemonsets --delete-emptydir-data "
+        f"--timeout={timeout:g}s 2>&1) && {{ echo {shlex.quote(f'node {node} drained')}; exit 0; }}; "
+        """blocked=$(printf '%s\\n' "$out" | grep -m1 '^error when evicting'); """
+        f"""printf '%s%s%s\\n' {shlex.quote(failed)} "$(printf '%s\\n' "$out" | tail -n1)" """
+        """"${blocked:+ ($blocked)}" >&2; exit 1"""
+    )
+    describe = (
+        f"{known}; state=$({kubectl} get node {quoted} "
+        "-o jsonpath='{.status.nodeInfo.kubeletVersion}/{.spec.unschedulable}') || exit 1; "
+        'case "$state" in */true) held=cordoned;; *) held=schedulable;; esac; '
+        f"""version=${{state%/*}}; printf '%s%s, %s\\n' {shlex.quote(f"node {node}: kubelet ")} """
+        '"${version:-none reported}" "$held"'
+    )
+    return TrafficControl(
+        role="kubernetes",
+        drain=drain,
+        hold=f"{known}; {kubectl} cordon {quoted}",
+        restore=f"{known}; {kubectl} uncordon {quoted}",
+        describe=describe,
+        via=traffic_via(host, fleet),
+    )
 
 
 def kubernetes_deployable(config: StackConfig) -> None:

@@ -245,7 +245,15 @@ class KubernetesSettings(RoleSettings):
     api_server_port: int = Field(6443, ge=1, le=65535, description="The API server's secure port.")
     node_name: str | None = Field(
         None,
-        description="The Node object's name; None: the host's name as kubeadm reads it (the hostname).",
+        description="The Node object's name; None: the host's name as kubeadm reads it (the hostname). "
+        "`ironserve rollout` cordons and drains the Node of this name, or of the host's inventory name when unset.",
+    )
+    # Kubespray's drain_timeout (roles/remove_node/pre_remove/defaults/main.yml: 360s).
+    drain_timeout_s: int = Field(
+        360,
+        gt=0,
+        description="How long `ironserve rollout` lets `kubectl drain` evict the node's pods (PodDisruptionBudgets "
+        "respected) before it gives up, uncordons the node and stops; the rollout's --drain-timeout wins.",
     )
     pod_subnet: str = Field(
         "10.244.0.0/16",

@@ -130,6 +130,20 @@ def test_write_initial_keeps_the_last_good_route(tmp_path: Path) -> None:
     assert not [p for p in swap.router_dir.iterdir() if p.name.endswith((".tmp", ".link"))]
 
 
+def test_the_startup_files_are_what_the_router_writes_and_only_envoys_settings_change_them(tmp_path: Path) -> None:
+    """roles/inference restarts the router only when these texts differ from the files on the host."""
+    swap = settings(tmp_path)
+    quality = QualitySettings(mirror_percent=2)
+    router.write_initial(swap, swap.router_dir / router.BOOTSTRAP_FILE, quality)
+    files = router.startup_files(swap, quality)
+    assert sorted(path.name for path in files) == [router.BOOTSTRAP_FILE, router.CDS_FILE]
+    assert {path: path.read_text() for path in files} == files
+    # A swap setting Envoy does not carry leaves them as they are; the listener's port does not.
+    assert router.startup_files(swap.model_copy(update={"keep_previous": True, "drain_idle_s": 3}), quality) == files
+    assert router.startup_files(swap.model_copy(update={"listen_port": 18081}), quality) != files
+    assert router.startup_files(swap, QualitySettings(mirror_percent=0)) != files
+
+
 def test_the_route_is_a_link_flipped_to_its_newest_content(tmp_path: Path) -> None:
     """A route file left as a regular file (an earlier version, write_atomic) is replaced by the link; the contents
     it no longer names are pruned after the switch; the content is mode 0640 (it carries the API keys) and named

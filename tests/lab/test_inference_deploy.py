@@ -43,6 +43,7 @@ from tests.lab.conftest import lab_containers
 
 ROLES = ("security", "inference")
 ROUTER_UNIT = f"{UNIT_DIR}/ironserve-router.service"
+ROUTER, CONTROL = "ironserve-router.service", "ironserve-control.service"
 pytestmark = pytest.mark.lab
 SETTINGS = stack_config("lab", {}).inference
 NOTICE_S = SERVICE_OVERRIDES["swap"]["host_drain_notice_s"]  # the lab hosts' draining notice before new work stops
@@ -243,6 +244,10 @@ def test_a_sigkilled_engine_is_restarted_by_its_unit(served: LabHost) -> None:
     assert int(remote.run(served, f"systemctl show --property=NRestarts --value {unit}")) >= 1
 
 
+def _main_pid(host: LabHost, unit: str) -> str:
+    return remote.run(host, f"systemctl show --property=MainPID --value {unit}").strip()
+
+
 @pytest.mark.invariant(
     "hot-swap-load-atomicity",
     "hot-swap-route-atomicity",
@@ -250,23 +255,48 @@ def test_a_sigkilled_engine_is_restarted_by_its_unit(served: LabHost) -> None:
     "hot-swap-dual-instances",
     "rel-rollback-git-tag",
 )
-def test_a_version_change_is_a_hot_swap_a_rollback_starts_nothing_and_the_next_deploy_swaps_under_load(
+def test_a_version_and_settings_change_is_a_hot_swap_under_load_and_a_rollback_starts_nothing(
     served: LabHost, tmp_path: Path
 ) -> None:
-    """The inventory names the other version, with keep_previous: the deploy swaps, and the role leaves the warm
-    colour alone (no drift, the gate passes with it running). `rollback` on the host brings traffic back on the
-    previous version without an engine start. The next deploy puts the inventory's version back by a swap, under
-    four clients (two streaming): none fails.
-
-    The load runs through the second deploy only: the first changes service.yaml (keep_previous), and a changed
-    service.yaml restarts the service's components, Envoy with them, which cuts requests in flight (roles/inference/
-    README.md: change settings on a serving host with `ironserve rollout`, which drains it first)."""
+    """The inventory names the other version and a swap setting (keep_previous): the deploy swaps under four clients
+    (two streaming) and none fails. service.yaml changed, so the control loop restarts; Envoy's own files did not,
+    so Envoy does not (its restart would cut the requests in flight). The role leaves the warm colour alone (no
+    drift, the gate passes with it running); `rollback` on the host then brings traffic back on the previous
+    version without an engine start."""
     first = _status(served)
     source = next(path for path in model_versions().values() if release_version(path) != first["active"])
     inventory = tmp_path / "lab_keep_warm.py"
     inventory.write_text(KEEP_WARM_INVENTORY.format(source=str(source)))
-    _deployed(deploy([served], inventory=str(inventory), roles=ROLES))
-    swapped = _status(served)
+    pids = {unit: _main_pid(served, unit) for unit in (ROUTER, CONTROL)}
+    outcomes: list[tuple[int, str, str]] = []
+    stop = threading.Event()
+
+    def client(stream: bool) -> None:
+        while not stop.is_set():
+            outcomes.append(complete(served, stream=stream))
+
+    clients = [threading.Thread(target=client, args=(i % 2 == 1,)) for i in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        swapped_by = _deployed(deploy([served], inventory=str(inventory), roles=ROLES))
+        # With keep_previous the deploy returns once the new colour serves; the clients go on until it answers them.
+        swapped = _status(served)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(colour == swapped["colour"] for _, colour, _ in outcomes[-4:]):
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=180)
+    failed = [(status, body[:200]) for status, _, body in outcomes if status != 200]
+    colours = {colour for _, colour, _ in outcomes}
+    print(f"hot swap by deploy: {len(outcomes)} requests, {len(failed)} failed, colours {sorted(colours)}")
+    assert swapped_by.changed > 0
+    assert not failed, failed[:5]
+    assert colours == {first["colour"], swapped["colour"]}
+    assert _main_pid(served, ROUTER) == pids[ROUTER] != "0"
+    assert _main_pid(served, CONTROL) != pids[CONTROL]
     assert (swapped["active"], swapped["ready"]) == (release_version(source), True)
     assert swapped["colour"] != first["colour"]
     warm = f"ai-service@{first['colour']}.service"
@@ -287,35 +317,6 @@ def test_a_version_change_is_a_hot_swap_a_rollback_starts_nothing_and_the_next_d
     assert (back["active"], back["colour"], back["ready"]) == (first["active"], first["colour"], True)
     assert "(kept warm): no start" in output, output
     assert complete(served)[:2] == (200, first["colour"])
-
-    outcomes: list[tuple[int, str, str]] = []
-    stop = threading.Event()
-
-    def client(stream: bool) -> None:
-        while not stop.is_set():
-            outcomes.append(complete(served, stream=stream))
-
-    clients = [threading.Thread(target=client, args=(i % 2 == 1,)) for i in range(4)]
-    for thread in clients:
-        thread.start()
-    try:
-        redeployed = _deployed(deploy([served], inventory=str(inventory), roles=ROLES))
-        # The deploy returns once the new colour serves; the clients go on until each has seen it.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any(colour == swapped["colour"] for _, colour, _ in outcomes[-4:]):
-            time.sleep(0.2)
-    finally:
-        stop.set()
-        for thread in clients:
-            thread.join(timeout=180)
-    failed = [(status, body[:200]) for status, _, body in outcomes if status != 200]
-    colours = {colour for _, colour, _ in outcomes}
-    print(f"hot swap by deploy: {len(outcomes)} requests, {len(failed)} failed, colours {sorted(colours)}")
-    assert redeployed.changed > 0
-    assert not failed, failed[:5]
-    assert colours == {first["colour"], swapped["colour"]}
-    after = _status(served)
-    assert (after["active"], after["colour"], after["ready"]) == (release_version(source), swapped["colour"], True)
 
 
 # The fleet of the rollout tests: the serving host with the service, and a second host with host_tuning alone (the

@@ -41,7 +41,9 @@ from ironserve_lab.deploying import verify
 from ironserve_lab.kubernetes_control_plane import MERGE_PATCH, ControlPlane, service_account_user, wait_for
 from roles import stack_config
 from roles.inference.render_kubernetes import deploy_objects, host_settings
+from roles.kubernetes import kubernetes_traffic
 from tests.lab.conftest import ClusterHost, inventory_with
+from tests.lab.ssh import ssh_run
 from tests.unit.operation_harness import FakeHost, fact_key, run_operation
 from tests.unit.test_inference_kubernetes import KUBERNETES_MODE
 
@@ -338,3 +340,127 @@ def test_a_hand_changed_service_port_makes_the_apply_fail_loudly(applied: Contro
     applied.request("PATCH", service, {"spec": {"ports": [port]}}, content_type=MERGE_PATCH)
     diff = _diff(applied)
     assert diff is not None and diff.status == 2 and 'Duplicate value: "http"' in diff.stderr, diff
+
+
+# `ironserve rollout` on a Kubernetes node: roles/kubernetes's commands, run over SSH on the control plane's host as
+# the rollout runs them (the real kubectl with kubeadm's admin kubeconfig), against the real API server. The lab
+# has no kubelet here, so the Node is an object created by the admin, and its pods are a ReplicaSet's bound to it
+# by name (the scheduler places none on a node that never reported Ready). Their grace period is 0: with no kubelet
+# to confirm a pod's end, only a pod deleted at once leaves the API server, as a real node's pods do once stopped.
+DRAINED_NODE = "gpu-node-1"
+EVICTABLE = "evictable"
+
+
+def node_fleet(plane_host: str) -> dict[str, Any]:
+    """The inventory's configs: the control plane's host and the node, both with the kubernetes role."""
+    base = {"ironserve_roles": ["kubernetes"], "kubernetes_repo_key": __file__}
+    return {
+        plane_host: stack_config(plane_host, {**base, "kubernetes_role": "control-plane"}),
+        DRAINED_NODE: stack_config(DRAINED_NODE, {**base, "kubernetes_role": "worker"}),
+    }
+
+
+def bound_pods(plane: ControlPlane) -> list[dict[str, Any]]:
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=app%3D{EVICTABLE}"
+    return [p for p in plane.request("GET", path)["items"] if "deletionTimestamp" not in p["metadata"]]
+
+
+@pytest.fixture(scope="module")
+def node_with_pods(applied: ControlPlane, gate_inventory: str) -> Iterator[ControlPlane]:
+    """The Node and a ReplicaSet of two pods on it; the admin client is on the control plane's host (gate_inventory)."""
+    applied.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": DRAINED_NODE}})
+    labels = {"app": EVICTABLE}
+    pod = {"nodeName": DRAINED_NODE, "terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": "x:1"}]}
+    replica_set = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": EVICTABLE, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+    applied.apply(replica_set)
+    wait_for(lambda: len(bound_pods(applied)) == 2 or None, 30, "the ReplicaSet's two pods on the node")
+    yield applied
+    applied.request("DELETE", f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets/{EVICTABLE}")
+    applied.request("DELETE", f"/api/v1/nodes/{DRAINED_NODE}")
+
+
+def unschedulable(plane: ControlPlane) -> bool:
+    return bool(plane.request("GET", f"/api/v1/nodes/{DRAINED_NODE}")["spec"].get("unschedulable"))
+
+
+def test_the_rollout_cordons_and_drains_a_node_through_the_api_server_then_uncordons_it(
+    kubernetes_api_host: ClusterHost, node_with_pods: ControlPlane
+) -> None:
+    plane, host = node_with_pods, kubernetes_api_host.host
+    control = kubernetes_traffic(DRAINED_NODE, node_fleet(host.name), 60)
+    assert control.via == host.name  # the node's own host has no admin credentials
+    before = {p["metadata"]["uid"] for p in bound_pods(plane)}
+    status, out, err = ssh_run(host, control.drain, timeout=120)
+    print(f"drain: {status} {out.strip()!r} {err.strip()!r}")
+    assert (status, out.strip()) == (0, f"node {DRAINED_NODE} drained"), err
+    assert unschedulable(plane)
+    # Both pods were evicted; the ReplicaSet made new ones, bound by name past the cordon (a real node's would be
+    # scheduled elsewhere).
+    assert not before & {p["metadata"]["uid"] for p in bound_pods(plane)}
+    assert ssh_run(host, control.describe)[1].strip() == f"node {DRAINED_NODE}: kubelet none reported, cordoned"
+    assert ssh_run(host, control.hold)[0] == 0 and unschedulable(plane)
+    status, out, err = ssh_run(host, control.restore)
+    assert (status, out.strip()) == (0, f"node/{DRAINED_NODE} uncordoned"), err
+    assert not unschedulable(plane)
+
+
+def test_a_drain_a_disruption_budget_refuses_fails_in_its_bound_naming_the_budget(
+    kubernetes_api_host: ClusterHost, node_with_pods: ControlPlane
+) -> None:
+    """A budget of one available pod over two Running pods that are not ready allows no eviction: kubectl drain
+    retries until its timeout, and the reason the rollout records names the refusal. The rollout then runs restore
+    (uncordon). The API server ignores budgets for Pending pods, so the pods are reported Running through their
+    status subresource, as a kubelet reports them (simulated: there is no kubelet)."""
+    plane, host = node_with_pods, kubernetes_api_host.host
+    for pod in bound_pods(plane):
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}/status"
+        plane.request("PATCH", path, {"status": {"phase": "Running"}}, MERGE_PATCH)
+    budget = {
+        "apiVersion": "policy/v1beta1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": EVICTABLE, "namespace": NAMESPACE},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": EVICTABLE}}},
+    }
+    plane.apply(budget)
+    try:
+        plane.wait_for_object(
+            f"/apis/policy/v1beta1/namespaces/{NAMESPACE}/poddisruptionbudgets/{EVICTABLE}",
+            lambda pdb: pdb.get("status", {}).get("observedGeneration") == pdb["metadata"]["generation"],
+            30,
+        )
+        control = kubernetes_traffic(DRAINED_NODE, node_fleet(host.name), 5)
+        started = time.monotonic()
+        status, out, err = ssh_run(host, control.drain, timeout=120)
+        took = time.monotonic() - started
+        print(f"drain against the budget: {status} after {took:.1f} s: {err.strip().splitlines()[-1:]}")
+        assert status == 1 and took < 60, (out, err)
+        reason = err.strip().splitlines()[-1]
+        assert reason.startswith(f"kubectl drain {DRAINED_NODE}: "), reason
+        assert "Cannot evict pod as it would violate the pod's disruption budget" in reason, reason
+        assert unschedulable(plane)  # cordoned until the rollout's restore
+        assert ssh_run(host, control.restore)[0] == 0 and not unschedulable(plane)
+    finally:
+        plane.request("DELETE", f"/apis/policy/v1beta1/namespaces/{NAMESPACE}/poddisruptionbudgets/{EVICTABLE}")
+
+
+def test_a_node_the_cluster_does_not_know_is_named_before_anything_is_cordoned(
+    kubernetes_api_host: ClusterHost,
+) -> None:
+    host = kubernetes_api_host.host
+    fleet = node_fleet(host.name)
+    fleet["gpu-node-9"] = fleet.pop(DRAINED_NODE)
+    status, _, err = ssh_run(host, kubernetes_traffic("gpu-node-9", fleet, 5).drain)
+    assert status == 1
+    assert err.strip().endswith(
+        'nodes "gpu-node-9" not found (the Node\'s name is kubernetes_node_name, or the inventory name gpu-node-9 '
+        "when unset)"
+    ), err

@@ -219,7 +219,8 @@ PINNED_ROLE_KEYS = {
         kubernetes_advertise_address kubernetes_allow_insecure kubernetes_allow_local_address
         kubernetes_allow_plain_http kubernetes_api_server_port kubernetes_cluster kubernetes_cluster_name
         kubernetes_cni_version kubernetes_control_plane_endpoint kubernetes_cri_tools_version kubernetes_dns_domain
-        kubernetes_image_repository kubernetes_kube_proxy kubernetes_kubelet kubernetes_node_name
+        kubernetes_drain_timeout_s kubernetes_image_repository kubernetes_kube_proxy kubernetes_kubelet
+        kubernetes_node_name
         kubernetes_package_revision kubernetes_pod_subnet kubernetes_repo_key kubernetes_repo_url kubernetes_role
         kubernetes_service_subnet kubernetes_version
     """,

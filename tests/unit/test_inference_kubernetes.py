@@ -274,6 +274,6 @@ def test_the_pods_are_on_the_pod_network_with_the_default_dns_policy(objects: di
 
 
 def test_the_rollout_gets_no_host_traffic_to_move_in_kubernetes_mode() -> None:
-    """The pods' traffic is the cluster's: the rollout does not cordon or drain nodes yet (roles/inference README)."""
+    """The pods' traffic is the cluster's: roles/kubernetes cordons and drains the node, evicting them."""
     role = next(r for r in REGISTRY.roles if r.name == "inference")
-    assert role.traffic is not None and role.traffic(config(), None) is None
+    assert role.traffic is not None and role.traffic("h", {"h": config()}, None) is None

@@ -159,11 +159,12 @@ def test_reserved_ports_are_written_as_the_kernel_prints_them(ports: list[int], 
 def test_the_rollout_drains_through_the_service_and_only_once_it_is_installed() -> None:
     role = next(r for r in REGISTRY.roles if r.name == "inference")
     assert role.traffic is not None
-    control = role.traffic(stack_config("h", BASE), 30.0)
+    control = role.traffic("h", {"h": stack_config("h", BASE)}, 30.0)
     assert control.drain == (
         "if [ -x /opt/ironserve/venv/bin/ironserve-service ] && [ -f /etc/ironserve/service.yaml ]; then "
         "/opt/ironserve/venv/bin/ironserve-service drain --timeout 30 --config /etc/ironserve/service.yaml; "
         "else echo 'no inference service installed yet'; fi"
     )
     assert "traffic draining --config" in control.hold and "traffic serving --config" in control.restore
-    assert "--timeout" not in role.traffic(stack_config("h", BASE), None).drain
+    assert "--timeout" not in role.traffic("h", {"h": stack_config("h", BASE)}, None).drain
+    assert control.via is None  # on the host itself

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from ironserve.config import ConfigError
 from ironserve.inventory import InventoryHost, validate_inventory
 from roles import REGISTRY, check_deployable, stack_config
 from roles.container_runtime.render import render_config
-from roles.kubernetes import models, repository_url, sources_line
+from roles.kubernetes import kubernetes_traffic, models, repository_url, sources_line
 from roles.kubernetes.checks import cgroup_driver_problem
 from roles.kubernetes.operations import JOIN_DIR, JOIN_FILE, _join
 from roles.kubernetes.render import (
@@ -480,3 +482,56 @@ def test_a_join_without_its_control_plane_in_the_run_says_so() -> None:
     run: Any = Run(worker)
     with pytest.raises(Exception, match="first control plane cp is not part of this run"):
         _join(run, worker, settings(), SOCKET, "cp", "192.0.2.10:6443", False)
+
+
+# --- `ironserve rollout` on a node (the commands run against the real 1.20 API server in
+# tests/lab/test_inference_kubernetes_api.py) -------------------------------------------------------------------
+
+
+def fleet_of(**roles: str) -> dict[str, Any]:
+    """{host: config} with the kubernetes role as `host=role` says, in that order."""
+    return {
+        name: stack_config(name, {"ironserve_roles": ["kubernetes"], "kubernetes_role": role})
+        for name, role in roles.items()
+    }
+
+
+def test_a_node_is_drained_from_a_control_plane_and_a_control_plane_from_another() -> None:
+    fleet = fleet_of(cp1="control-plane", cp2="control-plane", gpu1="worker")
+    assert kubernetes_traffic("gpu1", fleet, None).via == "cp1"
+    assert kubernetes_traffic("cp1", fleet, None).via == "cp2"
+    assert kubernetes_traffic("cp2", fleet, None).via == "cp1"
+    # The only control plane drains itself (its API server keeps running while it is cordoned).
+    assert kubernetes_traffic("cp1", fleet_of(cp1="control-plane", gpu1="worker"), None).via == "cp1"
+
+
+def test_the_drain_is_bounded_by_the_rollout_else_by_the_setting() -> None:
+    fleet = fleet_of(cp1="control-plane", gpu1="worker")
+    assert "--timeout=360s" in kubernetes_traffic("gpu1", fleet, None).drain  # Kubespray's drain_timeout
+    assert "--timeout=30s" in kubernetes_traffic("gpu1", fleet, 30.0).drain
+    fleet["gpu1"] = stack_config("gpu1", {"ironserve_roles": ["kubernetes"], "kubernetes_drain_timeout_s": 90})
+    assert "--timeout=90s" in kubernetes_traffic("gpu1", fleet, None).drain
+    with pytest.raises(ConfigError, match="kubernetes_drain_timeout_s"):
+        stack_config("gpu1", {"ironserve_roles": ["kubernetes"], "kubernetes_drain_timeout_s": 0})
+
+
+def test_the_node_is_the_settings_name_else_the_inventory_name_each_one_shell_word() -> None:
+    fleet = fleet_of(cp1="control-plane", gpu1="worker")
+    control = kubernetes_traffic("gpu1", fleet, None)
+    words = shlex.split(control.drain.split("; out=$(", 1)[1])
+    assert words[:6] == [
+        "kubectl",
+        "--kubeconfig",
+        "/etc/kubernetes/admin.conf",
+        "drain",
+        "gpu1",
+        "--ignore-daemonsets",
+    ]
+    fleet["gpu1"] = stack_config("gpu1", {"ironserve_roles": ["kubernetes"], "kubernetes_node_name": "gpu-01.rack-3"})
+    control = kubernetes_traffic("gpu1", fleet, None)
+    assert shlex.split(control.restore.split("exit 1; }; ", 1)[1]) == [
+        "kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "uncordon", "gpu-01.rack-3"
+    ]  # fmt: skip
+    for command in (control.drain, control.hold, control.restore, control.describe):
+        assert command.startswith("err=$(kubectl --kubeconfig /etc/kubernetes/admin.conf get node gpu-01.rack-3 ")
+        assert subprocess.run(["bash", "-n", "-c", command], check=False).returncode == 0

@@ -269,7 +269,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 def cmd_router(args: argparse.Namespace) -> int:
     service = _settings(args.config)
     settings = service.swap
-    bootstrap = settings.router_dir / "bootstrap.json"
+    bootstrap = settings.router_dir / router.BOOTSTRAP_FILE
     router.write_initial(settings, bootstrap, service.quality)
     if args.write_only:
         print(f"wrote {bootstrap}, {settings.router_dir / router.CDS_FILE}, {settings.router_dir / router.RDS_FILE}")

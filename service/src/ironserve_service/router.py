@@ -44,6 +44,7 @@ STAGING = "staging"
 CANARY = "canary"
 RDS_FILE = "rds.json"
 CDS_FILE = "cds.json"
+BOOTSTRAP_FILE = "bootstrap.json"
 ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
@@ -421,6 +422,11 @@ def route_traffic(route_config: JSON) -> Traffic:
     return "draining" if HEALTH_PATH in refused else "serving"
 
 
+def document_text(document: JSON) -> str:
+    """A configuration file's text as the router writes it."""
+    return json.dumps(document, indent=1)
+
+
 def write_atomic(path: Path, document: JSON) -> None:
     """Write beside the target, then rename into the watched directory: Envoy never reads half a file.
 
@@ -429,7 +435,7 @@ def write_atomic(path: Path, document: JSON) -> None:
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     staging.unlink(missing_ok=True)
     with os.fdopen(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640), "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(document, indent=1))
+        handle.write(document_text(document))
     os.replace(staging, path)
 
 
@@ -441,7 +447,7 @@ def write_route(path: Path, document: JSON) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     content = path.with_name(f".{path.stem}-{time.time_ns()}-{os.getpid()}{path.suffix}")
     with os.fdopen(os.open(content, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640), "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(document, indent=1))
+        handle.write(document_text(document))
     link = path.with_name(f".{path.name}.{os.getpid()}.link")
     link.unlink(missing_ok=True)
     os.symlink(content.name, link)
@@ -455,6 +461,16 @@ def prune_routes(path: Path) -> None:
     for old in path.parent.glob(f".{path.stem}-*{path.suffix}"):
         if old.name != served:
             old.unlink(missing_ok=True)
+
+
+def startup_files(settings: SwapSettings, quality: QualitySettings | None = None) -> dict[Path, str]:
+    """What `ironserve-service router` writes before it starts Envoy, path -> text: the bootstrap and the clusters.
+    Envoy runs the current settings when these files are these texts; a settings change that leaves them as they
+    are (a swap bound, a chaos phase) needs no restart of Envoy, which would cut the requests in flight."""
+    return {
+        settings.router_dir / BOOTSTRAP_FILE: document_text(bootstrap(settings)),
+        settings.router_dir / CDS_FILE: document_text(clusters(settings, quality)),
+    }
 
 
 def write_initial(settings: SwapSettings, bootstrap_path: Path, quality: QualitySettings | None = None) -> None:
