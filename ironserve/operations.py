@@ -65,41 +65,36 @@ def live_sysctl(key: str, value: str) -> Commands:
         yield StringCommand("sysctl", "-w", QuoteString(f"{key}={shown}"))
 
 
-@reading_operation(reads=lambda unit, inputs, **_: [Read(StaleUnits, {"inputs": {unit: inputs}})])
-def restarted_when_stale(unit: str, inputs: list[str], check: str | None = None) -> Commands:
-    """Restart a running unit that started before one of its inputs changed (unit file, configuration).
-    Read from the host's state, not a handler: a run that failed between the write and the restart is
-    completed by the next. `check` (e.g. promtool) runs first and stops the restart when it fails."""
-    if unit not in read(StaleUnits, inputs={unit: inputs}):
-        host.noop(f"{unit} started after its inputs last changed")
-        return
-    if check:
-        yield check
-    yield StringCommand("systemctl", "restart", unit)
-
-
-def _written_reads(unit: str, inputs: list[str], written: dict[str, str], **_: Any) -> list[Read]:
+def _stale_reads(unit: str, inputs: list[str], written: dict[str, str] | None = None, **_: Any) -> list[Read]:
     return [
         Read(StaleUnits, {"inputs": {unit: inputs}}),
-        *(Read(Sha256File, {"path": path}) for path in sorted(written)),
+        *(Read(Sha256File, {"path": path}) for path in sorted(written or {})),
     ]
 
 
-@reading_operation(reads=_written_reads)
-def restarted_when_written_differs(unit: str, inputs: list[str], written: dict[str, str]) -> Commands:
-    """Restart a running unit that started before one of its inputs changed (its unit file), or whose files written
-    at its start (path -> the text it would write now) differ on the host. For a unit that renders its own files
-    from a wider configuration: a change of that configuration that does not reach its files leaves it running."""
+@reading_operation(reads=_stale_reads)
+def restarted_when_stale(
+    unit: str, inputs: list[str], check: str | None = None, written: dict[str, str] | None = None
+) -> Commands:
+    """Restart a running unit that started before one of its inputs changed (unit file, configuration), or whose
+    files `written` at its start (path -> the text it would write now) differ on the host: a unit that renders its
+    own files from a wider configuration restarts only when that configuration reaches them.
+    Read from the host's state, not a handler: a run that failed between the write and the restart is
+    completed by the next. `check` (e.g. promtool) runs first and stops the restart when it fails."""
     differing = [
         path
-        for path, text in sorted(written.items())
+        for path, text in sorted((written or {}).items())
         if read(Sha256File, path=path) != hashlib.sha256(text.encode()).hexdigest()
     ]
     if unit not in read(StaleUnits, inputs={unit: inputs}) and not differing:
-        host.noop(f"{unit} started after its inputs last changed and runs its files as rendered now")
+        host.noop(
+            f"{unit} started after its inputs last changed" + (" and runs its files as rendered now" if written else "")
+        )
         return
     if differing:
         report(f"{unit} restarts: {', '.join(differing)} differ from what it would write now")
+    if check:
+        yield check
     yield StringCommand("systemctl", "restart", unit)
 
 

@@ -344,10 +344,6 @@ class Runner:
                     controls.append(control)
         return controls
 
-    def control(self, host: str, control: TrafficControl, command: str) -> subprocess.CompletedProcess[str]:
-        """One of a role's traffic commands for `host`, on the host or on the host the role names (`via`)."""
-        return self.remote(control.via or host, command)
-
     def on_host(self, host: str, command: str, what: str) -> str:
         result = self.remote(host, command)
         if result.returncode != 0:
@@ -358,7 +354,7 @@ class Runner:
         lines = []
         for control in self.traffic(host):
             if control.describe:
-                result = self.control(host, control, control.describe)
+                result = self.remote(control.via or host, control.describe)
                 lines.append(f"{control.role} {last_line(result.stdout) if result.returncode == 0 else 'unknown'}")
         return "; ".join(lines) or None
 
@@ -367,9 +363,9 @@ class Runner:
     def drain(self, host: str) -> str:
         done = []
         for control in self.traffic(host):
-            result = self.control(host, control, control.drain)
+            result = self.remote(control.via or host, control.drain)
             if result.returncode != 0:
-                back = self.control(host, control, control.restore)
+                back = self.remote(control.via or host, control.restore)
                 state = "serving again" if back.returncode == 0 else f"NOT serving: {last_line(back.stderr)}"
                 raise PhaseFailed(
                     f"{control.role} drain: {last_line(result.stderr or result.stdout)} (unchanged, {state})",

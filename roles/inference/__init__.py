@@ -26,7 +26,7 @@ from ironserve.apt import installed
 from ironserve.dropins import foreign_dropins_moved_aside
 from ironserve.kubectl import ADMIN_KUBECONFIG, objects_applied
 from ironserve.layout import role_template
-from ironserve.operations import daemon_reloaded, live_sysctl, restarted_when_stale, restarted_when_written_differs
+from ironserve.operations import daemon_reloaded, live_sysctl, restarted_when_stale
 from ironserve.owned import owned_directory, owned_file, render_template, unmasked
 from ironserve.run import HostRun
 from ironserve.sysctl_boot import boot_sysctls_win
@@ -411,21 +411,14 @@ def inference(config: StackConfig, run: HostRun) -> None:
         systemd.service(
             name=f"{unit} without the foreign drop-in", service=unit, restarted=True, _if=dropins.did_change
         )
-        if unit == ROUTER_UNIT:
-            # A restart of Envoy cuts the requests in flight: only a change of the files it starts from restarts it.
-            restarted_when_written_differs(
-                name=f"{unit} runs its current unit and Envoy configuration",
-                unit=unit,
-                inputs=[f"{UNIT_DIR}/{unit}"],
-                written={
-                    str(path): text for path, text in router.startup_files(settings.swap, settings.quality).items()
-                },
-            )
-            continue
+        # A restart of Envoy cuts the requests in flight: the router follows the files it starts from, not the
+        # whole service.yaml.
+        router_files = router.startup_files(settings.swap, settings.quality) if unit == ROUTER_UNIT else None
         restarted_when_stale(
             name=f"{unit} runs its current unit and configuration",
             unit=unit,
-            inputs=[f"{UNIT_DIR}/{unit}", str(CONFIG_PATH)],
+            inputs=[f"{UNIT_DIR}/{unit}", *([] if router_files else [str(CONFIG_PATH)])],
+            written={str(path): text for path, text in router_files.items()} if router_files else None,
         )
     if config.inference.prometheus:
         _prometheus(settings, config.clear_immutable)
