@@ -130,6 +130,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         gate_args = args.gate_args
         options = {"roles": roles, "deploy_file": chosen_file, "gate_args": gate_args}
         state = rollout.new_rollout(args.inventory, plan, options, reports)
+    controls = {name: rollout.traffic_controls(registry(), name, configs, args.drain_timeout) for name in names}
+    rollout.check_traffic_hosts(state.plan, controls)
     if args.confirm and not sys.stdin.isatty():
         raise rollout.RolloutError("--confirm asks on a terminal: run it in one, or use --canary-pause SECONDS")
     runner = rollout.Runner(

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -125,6 +125,33 @@ def make_plan(
     batches = [[canary]] if canary else []
     batches += [rest[start : start + size] for start in range(0, len(rest), size)]
     return Plan(batches, limit, canary)
+
+
+def traffic_controls(
+    registry: Registry[Any], host: str, configs: Mapping[str, StackBase], drain_timeout_s: float | None
+) -> list[TrafficControl]:
+    """The traffic commands of the host's roles (ironserve.traffic), in the registry's order."""
+    controls = []
+    for role in registry.roles:
+        if role.traffic is not None and role.name in configs[host].roles:
+            control = role.traffic(host, configs, drain_timeout_s)
+            if control is not None:
+                controls.append(control)
+    return controls
+
+
+def check_traffic_hosts(plan: Plan, controls: Mapping[str, Sequence[TrafficControl]]) -> None:
+    """A host that runs another host's traffic commands (a control plane, for its nodes) is never changed in the
+    same batch as that host: while its own change restarts it, it may not answer the drain or the return."""
+    for index, batch in enumerate(plan.batches):
+        for host in batch:
+            for control in controls.get(host, ()):
+                if control.via is not None and control.via != host and control.via in batch:
+                    raise RolloutError(
+                        f"batch {index + 1} changes {control.via} and {host} together, but {control.via} runs "
+                        f"{host}'s {control.role} traffic commands: give {control.via} a batch of its own "
+                        f"(--canary {control.via}, or --batch 1)"
+                    )
 
 
 # --- the record -------------------------------------------------------------------------------------------------
@@ -335,14 +362,7 @@ class Runner:
         return ["--roles", self.roles] if self.roles else []
 
     def traffic(self, host: str) -> list[TrafficControl]:
-        config = self.configs[host]
-        controls = []
-        for role in self.registry.roles:
-            if role.traffic is not None and role.name in config.roles:
-                control = role.traffic(host, self.configs, self.drain_timeout_s)
-                if control is not None:
-                    controls.append(control)
-        return controls
+        return traffic_controls(self.registry, host, self.configs, self.drain_timeout_s)
 
     def on_host(self, host: str, command: str, what: str) -> str:
         result = self.remote(host, command)

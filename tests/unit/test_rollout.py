@@ -14,6 +14,7 @@ import pytest
 
 from ironserve import rollout
 from ironserve.rollout import HostRecord, Plan, Rollout, RolloutError, make_plan, max_unavailable_hosts
+from ironserve.traffic import TrafficControl
 from tests.unit.test_inventory_boundary import Listener
 
 HOSTS = ["r1", "r2", "r3", "r4"]
@@ -137,6 +138,36 @@ def test_bad_input_is_refused_before_any_host_is_contacted(
     assert words in run.stderr
     assert "Traceback" not in run.stderr
     assert listener.connections == 0
+
+
+def test_a_control_plane_beside_the_nodes_it_drains_is_refused_before_any_host_is_contacted(tmp_path: Path) -> None:
+    """cp1 runs the kubectl of r2's drain and return (roles/kubernetes): the two in one batch is refused, the
+    control plane alone first is the plan the message proposes, and it passes."""
+    listener = Listener()
+    nodes = [(f"r{n}.invalid", {"ssh_hostname": "127.0.0.1", "ssh_port": listener.port}) for n in (2, 3, 4)]
+    first = {"kubernetes_role": "control-plane", "kubernetes_advertise_address": "192.0.2.10"}
+    plane = [("cp1.invalid", {"ssh_hostname": "127.0.0.1", "ssh_port": listener.port, **first})]
+    data = {"ironserve_roles": "kubernetes", "kubernetes_role": "worker", "kubernetes_repo_key": __file__}
+    (tmp_path / "fleet.py").write_text(
+        f"from ironserve.inventory import site\n\nfleet = site({plane + nodes!r}, {data!r})\n"
+    )
+    argv = [sys.executable, "-m", "ironserve", "rollout", "--reports", str(tmp_path / "reports")]
+    try:
+        together = subprocess.run([*argv, "--batch", "2", "--max-unavailable", "2", "fleet.py"], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        listener.close()
+    assert together.returncode == 2, together.stdout + together.stderr
+    assert (
+        "batch 1 changes cp1.invalid and r2.invalid together, but cp1.invalid runs r2.invalid's kubernetes traffic "
+        "commands: give cp1.invalid a batch of its own (--canary cp1.invalid, or --batch 1)"
+    ) in together.stderr
+    assert listener.connections == 0
+    plan = make_plan(["cp1", "r2", "r3"], 2, "2", "cp1", None)
+    via = {"r2": [TrafficControl("kubernetes", "d", "h", "r", via="cp1")], "cp1": [TrafficControl("k", "d", "h", "r")]}
+    rollout.check_traffic_hosts(plan, via)  # cp1 alone first, then r2 and r3
+    with pytest.raises(RolloutError, match="batch 2 changes cp1 and r2 together"):
+        rollout.check_traffic_hosts(make_plan(["r3", "r4", "cp1", "r2"], 2, "2", None, None), via)
 
 
 def test_the_record_reads_back_and_its_table_names_each_hosts_phase_and_reason() -> None:
