@@ -6,11 +6,16 @@ deploy (once per source change, cached outside the repository).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import re
+import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,21 +68,59 @@ def service_source() -> Path:
     )
 
 
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An flock on `path`, waited for in short sleeps: the hosts of one deploy are greenlets of one thread (a blocking
+    flock would stop the one holding it) and another deploy may run beside this one."""
+    with path.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def service_wheel(source: Path | None = None) -> tuple[Path, str]:
     """The ironserve-service wheel for these sources (default: service_source()), built once per change;
-    (wheel, source digest)."""
+    (wheel, source digest). Built from a copy of the sources, one build at a time: setuptools writes its build/ and
+    egg-info into the tree it builds, where concurrent builds (the hosts of one deploy) collide."""
     source = source or service_source()
     digest = _source_digest(source)
     target = cache_dir() / "service-wheels" / digest
-    wheels = sorted(target.glob("ironserve_service-*.whl"))
-    if not wheels:
-        target.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(target), str(source)],
-            check=True,
-        )
-        wheels = sorted(target.glob("ironserve_service-*.whl"))
-    return wheels[-1], digest
+    target.mkdir(parents=True, exist_ok=True)
+    with _exclusive(target.parent / f".{digest}.lock"):
+        if not any(target.glob("ironserve_service-*.whl")):
+            with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
+                tree = Path(scratch) / "service"
+                tree.mkdir()
+                for name in ("pyproject.toml", "README.md"):
+                    shutil.copy2(source / name, tree / name)
+                shutil.copytree(
+                    source / "src", tree / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__")
+                )
+                built = Path(scratch) / "wheels"
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "wheel",
+                        "--quiet",
+                        "--no-deps",
+                        "--wheel-dir",
+                        str(built),
+                        str(tree),
+                    ],
+                    check=True,
+                )
+                for wheel in built.glob("ironserve_service-*.whl"):
+                    wheel.replace(target / wheel.name)
+    return sorted(target.glob("ironserve_service-*.whl"))[-1], digest
 
 
 def service_yaml(settings: ServiceSettings) -> str:

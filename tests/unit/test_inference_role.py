@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,12 @@ import pytest
 from ironserve_service.slo import render_rules
 
 from ironserve.config import ConfigError
+from ironserve.paths import REPO_ROOT
 from ironserve_lab.inference import REQUIREMENTS, model_versions
 from roles import REGISTRY, check_deployable, stack_config
 from roles.inference import inference_deployable
 from roles.inference.operations import parse_port_list, port_list
-from roles.inference.render import canonical, environment_drift, lock_pins, prometheus_config
+from roles.inference.render import canonical, environment_drift, lock_pins, prometheus_config, service_wheel
 
 LAB_MODEL = model_versions()["lab-v1"]
 BASE: dict[str, Any] = {
@@ -168,3 +170,19 @@ def test_the_rollout_drains_through_the_service_and_only_once_it_is_installed() 
     assert "traffic draining --config" in control.hold and "traffic serving --config" in control.restore
     assert "--timeout" not in role.traffic("h", {"h": stack_config("h", BASE)}, None).drain
     assert control.via is None  # on the host itself
+
+
+def test_the_hosts_of_one_deploy_share_one_build_of_the_service_wheel_outside_its_source_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four hosts ask at once (as a fleet's deploy does): one wheel is built, all four get it, and the sources are
+    left as they were (setuptools builds in the tree it is given; concurrent builds there collided)."""
+    source = tmp_path / "service"
+    shutil.copytree(REPO_ROOT / "service", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    monkeypatch.setenv("IRONSERVE_CACHE", str(tmp_path / "cache"))
+    before = sorted(path.relative_to(source) for path in source.rglob("*"))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        built = list(pool.map(lambda _: service_wheel(source), range(4)))
+    assert len(set(built)) == 1 and built[0][0].is_file(), built
+    assert len(list(built[0][0].parent.glob("*.whl"))) == 1
+    assert sorted(path.relative_to(source) for path in source.rglob("*")) == before
