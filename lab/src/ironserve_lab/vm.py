@@ -121,11 +121,6 @@ def reboot(host: LabHost, timeout: float = BOOT_TIMEOUT_S) -> str:
     return remote.reboot(host, timeout, still_running=partial(is_running, host))
 
 
-def wait_for_reboot(host: LabHost, old_boot_id: str, timeout: float = BOOT_TIMEOUT_S) -> str:
-    """For reboots that something else started (a role): wait for a new boot id; return it."""
-    return remote.wait_for_reboot(host, old_boot_id, timeout, still_running=partial(is_running, host))
-
-
 def console_log(host: LabHost) -> Path:
     return Path(host.workdir) / "console.log"
 
