@@ -3,8 +3,9 @@ into GRUB, the `auto` policy reboots, the reboot is proven by a new boot id and 
 the `defer` policy leaves the reboot-required markers instead.
 The VM image boots with systemd.unified_cgroup_hierarchy=0 (cgroup v1), like an older server.
 
-The change that needs the reboot is rolled through a fleet of the VM and a container host by `ironserve rollout`:
-the VM first, its reboot inside its change phase, the gate after it, then the container.
+The change that needs the reboot is rolled through a fleet of the VM and two container hosts by `ironserve rollout`:
+the VM first and alone (the canary), its reboot inside its change phase, the gate after it, then the two containers
+together in one batch.
 """
 
 from __future__ import annotations
@@ -40,16 +41,17 @@ def rebooted_vm(vm_host: LabHost, tmp_path_factory: pytest.TempPathFactory) -> I
     before_boot = remote.boot_id(vm_host)
     before_fs = remote.run(vm_host, "stat -fc %T /sys/fs/cgroup").strip()
     folder = tmp_path_factory.mktemp("rollout")
-    with lab_containers(1) as (container,):
-        inventory = write_fleet_inventory(folder / "fleet.py", [vm_host.name, container.name])
+    with lab_containers(2) as containers:
+        inventory = write_fleet_inventory(folder / "fleet.py", [vm_host.name, *(host.name for host in containers)])
         argv = [sys.executable, "-m", "ironserve", "rollout", "--roles", "host_tuning", "--reports", str(folder)]
+        argv += ["--canary", vm_host.name, "--canary-pause", "0", "--batch", "2", "--max-unavailable", "2"]
         # The lab reaches no time server, so a lab VM's clock never reports synchronised: that one check is left
         # out of the prove phase's gate (a container's is skipped: it shares this machine's clock).
         argv += [str(inventory), "-k", "not test_clock_synchronised"]
         done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
         print(done.stdout)
         assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-        ROLLOUT.update(json.loads((folder / "rollout.json").read_text()))
+        ROLLOUT.update(json.loads((folder / "rollout.json").read_text()), output=done.stdout)
     yield vm_host, before_boot, before_fs
 
 
@@ -62,7 +64,10 @@ def test_the_rollout_rebooted_the_vm_in_its_change_and_proved_it_after(
     record = hosts[vm.name]
     assert (record["batch"], record["result"], record["rebooted"]) == (0, "ok", True), record
     assert record["changes"] > 0 and set(record["seconds"]) == {"drain", "change", "prove", "return"}
-    assert [h["result"] for h in hosts.values()] == ["ok", "ok"] and ROLLOUT["status"] == "completed"
+    assert [(h["batch"], h["result"]) for h in hosts.values()] == [(0, "ok"), (1, "ok"), (1, "ok")]
+    assert ROLLOUT["status"] == "completed"
+    batch = ", ".join(name for name in hosts if name != vm.name)
+    assert f"batch 2/2: {batch}\n" in str(ROLLOUT["output"])
 
 
 @pytest.mark.invariant("kernel-cgroup-v2")

@@ -1,5 +1,6 @@
-"""roles/inference on a real lab container host: the whole service deployed, served through Envoy, gated,
-re-run without changes, drift put back, and a version change deployed as a hot swap under load.
+"""roles/inference on real lab container hosts: the whole service deployed, served through Envoy, gated,
+re-run without changes, drift put back, a version change deployed as a hot swap under load, and rollouts: a model
+rollout behind a balancer, a drain that cannot finish, and a rollout through four serving hosts under load.
 
 Simulated at the edge: the host has no GPU, so the engine is vLLM's CPU build (files/inference/
 requirements-cpu.lock, served by the lab's pip index) and the model a tiny Qwen2-architecture one with
@@ -90,14 +91,21 @@ def _deployed(result: DeployResult) -> DeployResult:
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[LabHost]:
-    with lab_containers(1) as hosts:
+def fleet() -> Iterator[list[LabHost]]:
+    """Four serving hosts, deployed in one run: the fleet of the rollout under load; the other tests use the first."""
+    with lab_containers(4) as hosts:
         started = time.monotonic()
         first = _deployed(deploy(hosts, roles=ROLES))
-        print(f"first deploy of {ROLES}: {time.monotonic() - started:.1f} s, {first.changed} changes")
+        took = time.monotonic() - started
+        print(f"first deploy of {ROLES} to {len(hosts)} hosts: {took:.1f} s, {first.changed} changes")
         assert first.changed > 0
-        KEYS[hosts[0].name] = api_key(hosts[0])
-        yield hosts[0]
+        KEYS.update({host.name: api_key(host) for host in hosts})
+        yield hosts
+
+
+@pytest.fixture(scope="module")
+def served(fleet: list[LabHost]) -> LabHost:
+    return fleet[0]
 
 
 def test_second_deploy_reports_zero_changes(served: LabHost) -> None:
@@ -319,8 +327,8 @@ def test_a_version_and_settings_change_is_a_hot_swap_under_load_and_a_rollback_s
     assert complete(served)[:2] == (200, first["colour"])
 
 
-# The fleet of the rollout tests: the serving host with the service, and a second host with host_tuning alone (the
-# lab runs one engine: an engine per host would not fit a 2-core machine).
+# The fleet of the model rollout and drain tests: the serving host with the service, and a second host with
+# host_tuning alone, which keeps each of them to one swap or none.
 ROLLOUT_INVENTORY = """\
 from ironserve.inventory import site
 from ironserve_lab.inventory import lab_groups
@@ -343,40 +351,69 @@ HOST_SNAPSHOT = (
 
 
 class Balancer:
-    """The site's load balancer in front of the serving host: it checks /health every 0.2 s from outside the host
-    and sends a completion only while the last check answered 200, as a health-checking balancer does."""
+    """The site's load balancer in front of the serving hosts: it checks each host's /health every 0.2 s from outside
+    the host and sends completions, round robin, only to hosts whose last check answered 200, as a health-checking
+    balancer does."""
 
-    def __init__(self, host: LabHost) -> None:
-        self.host = host
-        self.url = _listener(host.name)[0]
-        self.outcomes: list[int] = []
-        self.health: list[tuple[float, int, str]] = []  # each change of /health: (time, status, body)
-        self.healthy = threading.Event()
+    def __init__(self, *hosts: LabHost, pause_s: float = 0.0) -> None:
+        self.hosts = hosts
+        self.pause_s = pause_s  # between a completion and the next: the clients' think time
+        self.outcomes: list[tuple[str, int]] = []  # (host, status) of each completion sent
+        # Each change of a host's /health: (time, status, body).
+        self.health: dict[str, list[tuple[float, int, str]]] = {host.name: [] for host in hosts}
+        self.healthy = {host.name: threading.Event() for host in hosts}
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.check), threading.Thread(target=self.send)]
+        self.turn = itertools.count()
+        self.threads = [threading.Thread(target=self.check, args=(host,)) for host in hosts]
+        self.threads.append(threading.Thread(target=self.send))
 
-    def check(self) -> None:
+    def check(self, host: LabHost) -> None:
+        url, seen, healthy = _listener(host.name)[0], self.health[host.name], self.healthy[host.name]
         while not self.stop.is_set():
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
                     status, body = response.status, ""
             except urllib.error.HTTPError as error:
                 status, body = error.code, error.read().decode(errors="replace").strip()
             except OSError as error:
                 status, body = 0, str(error)
-            if not self.health or self.health[-1][1:] != (status, body):
-                self.health.append((time.monotonic(), status, body))
-            (self.healthy.set if status == 200 else self.healthy.clear)()
+            if not seen or seen[-1][1:] != (status, body):
+                seen.append((time.monotonic(), status, body))
+            (healthy.set if status == 200 else healthy.clear)()
             time.sleep(0.2)
 
     def send(self) -> None:
         while not self.stop.is_set():
-            if self.healthy.wait(timeout=0.5):
-                self.outcomes.append(complete(self.host)[0])
+            ready = [host for host in self.hosts if self.healthy[host.name].is_set()]
+            if not ready:
+                time.sleep(0.2)
+                continue
+            host = ready[next(self.turn) % len(ready)]
+            self.outcomes.append((host.name, complete(host)[0]))
+            self.stop.wait(self.pause_s)
+
+    def ready(self, host: LabHost) -> list[bool]:
+        """Whether the host was ready, at its first check and at each change after it."""
+        ready = [status == 200 for _, status, _ in self.health[host.name]]
+        return [ready[0], *(now for before, now in itertools.pairwise(ready) if now != before)]
+
+    def fewest_serving(self) -> int:
+        """The fewest hosts ready at any moment, from the first moment every host had been checked."""
+        changes = sorted((at, name, status == 200) for name, seen in self.health.items() for at, status, _ in seen)
+        start = max(seen[0][0] for seen in self.health.values())
+        state: dict[str, bool] = {}
+        fewest = len(self.hosts)
+        for at, name, ready in changes:
+            state[name] = ready
+            if at >= start:
+                fewest = min(fewest, sum(state.values()))
+        return fewest
 
     def __enter__(self) -> Balancer:
         for thread in self.threads:
             thread.start()
+        for event in self.healthy.values():
+            event.wait(timeout=30)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -409,15 +446,15 @@ def test_a_model_rollout_drains_the_host_behind_its_balancer_swaps_proves_and_re
         assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
         record = json.loads((tmp_path / "reports" / "rollout.json").read_text())
     host = record["hosts"][served.name]
-    failed = [status for status in balancer.outcomes if status != 200]
-    shown = [(round(at - balancer.health[0][0], 1), status, body) for at, status, body in balancer.health]
+    failed = [status for _, status in balancer.outcomes if status != 200]
+    health = balancer.health[served.name]
+    shown = [(round(at - health[0][0], 1), status, body) for at, status, body in health]
     print(f"rollout under the balancer: {len(balancer.outcomes)} requests, {len(failed)} failed; /health: {shown}")
     assert not failed, failed[:5]
     # What the balancer saw: ready, then out (draining, and no answer at all while the change restarts Envoy), then
     # ready again once the host returned.
-    ready = [status == 200 for _, status, _ in balancer.health]
-    assert [ready[0], *(now for before, now in itertools.pairwise(ready) if now != before)] == [True, False, True]
-    assert balancer.health[1][1:] == (503, "draining")
+    assert balancer.ready(served) == [True, False, True]
+    assert health[1][1:] == (503, "draining")
     assert host["result"] == "ok" and host["changes"] > 0 and host["seconds"]["drain"] >= NOTICE_S
     assert f"{release_version(source)} on" in host["serving_after"] and before["active"] in host["serving_before"]
     assert record["hosts"][other.name]["result"] == "ok"
@@ -461,3 +498,87 @@ def test_a_drain_that_cannot_finish_returns_the_host_unchanged_and_stops_the_rol
     assert remote.run(served, HOST_SNAPSHOT) == before
     assert held and held[0][0] == 200  # the held request finished once the engine ran again
     assert _status(served)["traffic"] == "serving" and complete(served)[0] == 200
+
+
+# The rollout through the four serving hosts: host_tuning's settings, which the fixture did not deploy, rolled through
+# the fleet while it serves. Each host keeps the version it serves (the tests before may have swapped the first).
+FLEET_ROLES = ["host_tuning", *ROLES]
+FLEET_INVENTORY = """\
+from ironserve.inventory import site
+from ironserve_lab.inventory import lab_groups
+
+_containers, _ = lab_groups()
+_data = dict(_containers)
+fleet = site([(name, {{**_data[name], "ironserve_roles": {roles!r}, "inference_model_source": source}})
+              for name, source in {sources!r}])
+"""
+# A drift the deploy repairs and that comes straight back: the gate, a few seconds later, sees it.
+DRIFT_UNIT = "rollout-test-drift"
+DRIFT = "while :; do sysctl -qw net.ipv4.tcp_slow_start_after_idle=1; sleep 0.2; done"
+# What the rollout could change on a host, byte for byte: the files of the service's snapshot, the packages, and the
+# sysctls host_tuning sets, in force.
+UNTOUCHED_SNAPSHOT = (
+    f"{HOST_SNAPSHOT}; dpkg-query -W -f '${{Package}} ${{Version}} ${{Status}}\\n'; "
+    f"sysctl {' '.join(stack_config('lab', {}).host_tuning.sysctls)}"
+)
+
+
+def test_a_rollout_through_four_serving_hosts_under_load_keeps_three_serving_stops_at_a_failure_and_resumes(
+    fleet: list[LabHost], tmp_path: Path
+) -> None:
+    """One host at a time (the default), a balancer sending completions across the four hosts all along: the first
+    host is drained, changed, proven and returned; the second's gate fails after its change (a unit puts a sysctl
+    back), so the rollout stops with it drained and named, and the third and fourth are left byte for byte as they
+    were, serving. Once the unit is stopped, `--resume` completes. No request fails, and at no moment do fewer than
+    three hosts serve."""
+    first, second, third, fourth = fleet
+    versions = {release_version(path): str(path) for path in model_versions().values()}
+    sources = [(host.name, versions[_status(host)["active"]]) for host in fleet]
+    inventory = tmp_path / "fleet.py"
+    inventory.write_text(FLEET_INVENTORY.format(roles=FLEET_ROLES, sources=sources))
+    reports = tmp_path / "reports"
+    remote.run(second, f"systemd-run --unit={DRIFT_UNIT} sh -c '{DRIFT}'")
+    try:
+        # A completion every second or so: on this machine's two cores the four engines, the deploy and the gate
+        # share the CPU, and a client that keeps an engine busy all the time doubles the gate's time.
+        with Balancer(*fleet, pause_s=0.5) as balancer:
+            before = {host.name: remote.run(host, UNTOUCHED_SNAPSHOT) for host in (third, fourth)}
+            stopped = _rollout(inventory, reports, "--roles", ",".join(FLEET_ROLES))
+            print(stopped.stdout)
+            record = json.loads((reports / "rollout.json").read_text())
+            after = {host.name: remote.run(host, UNTOUCHED_SNAPSHOT) for host in (third, fourth)}
+            second_while_stopped = balancer.health[second.name][-1][1:]
+            remote.run(second, f"systemctl stop {DRIFT_UNIT}")
+            resumed = _rollout(inventory, reports, "--resume")
+            print(resumed.stdout)
+            time.sleep(2)  # the balancer sees the last host back and sends to it again
+    finally:
+        remote.run(second, f"systemctl stop {DRIFT_UNIT} 2>/dev/null; true")
+    failed = [outcome for outcome in balancer.outcomes if outcome[1] != 200]
+    served_by = {host.name: sum(name == host.name for name, _ in balancer.outcomes) for host in fleet}
+    print(
+        f"rollout through 4 serving hosts: {len(balancer.outcomes)} requests, {len(failed)} failed, "
+        f"at least {balancer.fewest_serving()} hosts serving at every moment; requests per host {served_by}"
+    )
+
+    assert stopped.returncode == 1, stopped.stdout[-6000:] + stopped.stderr[-3000:]
+    hosts = record["hosts"]
+    assert hosts[first.name]["result"] == "ok" and hosts[first.name]["changes"] > 0
+    assert (hosts[second.name]["phase"], hosts[second.name]["result"]) == ("prove", "failed")
+    assert "test_sysctl_live" in hosts[second.name]["reason"]
+    assert f"{second.name}: prove FAILED" in stopped.stdout
+    assert second_while_stopped == (503, "draining")  # held out of the balancer, named in the record
+    for untouched in (third, fourth):
+        assert (hosts[untouched.name]["phase"], hosts[untouched.name]["result"]) == (None, "pending")
+        assert after[untouched.name] == before[untouched.name], f"{untouched.name} changed"
+
+    assert resumed.returncode == 0, resumed.stdout[-6000:] + resumed.stderr[-3000:]
+    record = json.loads((reports / "rollout.json").read_text())
+    assert record["status"] == "completed"
+    assert all(host["result"] == "ok" for host in record["hosts"].values()), record["hosts"]
+    assert f"batch 2/4: {second.name}\n" in resumed.stdout and f"{first.name}: drain" not in resumed.stdout
+
+    assert not failed, failed[:5]
+    assert balancer.fewest_serving() >= 3
+    assert all(balancer.ready(host) == [True, False, True] for host in fleet), balancer.health
+    assert all(served_by.values()), served_by
