@@ -130,20 +130,19 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         gate_args = args.gate_args
         options = {"roles": roles, "deploy_file": chosen_file, "gate_args": gate_args}
         state = rollout.new_rollout(args.inventory, plan, options, reports)
-    controls = {name: rollout.traffic_controls(registry(), name, configs, args.drain_timeout) for name in names}
+    roles_registry = registry()
+    controls = {name: rollout.traffic_controls(roles_registry, name, configs, args.drain_timeout) for name in names}
     rollout.check_traffic_hosts(state.plan, controls)
     if args.confirm and not sys.stdin.isatty():
         raise rollout.RolloutError("--confirm asks on a terminal: run it in one, or use --canary-pause SECONDS")
     runner = rollout.Runner(
         rollout=state,
         inventory_hosts={host.name: host for host in hosts},
-        configs=configs,
-        registry=registry(),
+        controls=controls,
         reports=reports,
         roles=roles,
         deploy_file=chosen_file,
         gate_args=gate_args,
-        drain_timeout_s=args.drain_timeout,
         settle_s=args.settle_timeout,
         canary_pause_s=args.canary_pause,
         confirm=_ask if args.confirm else None,

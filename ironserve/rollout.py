@@ -300,14 +300,12 @@ class Runner:
 
     rollout: Rollout
     inventory_hosts: dict[str, InventoryHost]
-    configs: dict[str, StackBase]
-    registry: Registry[Any]
+    controls: dict[str, list[TrafficControl]]  # per host, its roles' traffic commands (traffic_controls)
     reports: Path
     # What `ironserve deploy` and `verify` get besides the host: --roles, --deploy-file (deploy only).
     roles: str | None
     deploy_file: str | None
     gate_args: list[str]  # passed on to the gate's pytest
-    drain_timeout_s: float | None
     settle_s: float  # how long a rebooted host may take to pass the gate
     canary_pause_s: float
     confirm: Callable[[str], bool] | None
@@ -361,9 +359,6 @@ class Runner:
     def only(self) -> list[str]:
         return ["--roles", self.roles] if self.roles else []
 
-    def traffic(self, host: str) -> list[TrafficControl]:
-        return traffic_controls(self.registry, host, self.configs, self.drain_timeout_s)
-
     def on_host(self, host: str, command: str, what: str) -> str:
         result = self.remote(host, command)
         if result.returncode != 0:
@@ -372,7 +367,7 @@ class Runner:
 
     def describe(self, host: str) -> str | None:
         lines = []
-        for control in self.traffic(host):
+        for control in self.controls[host]:
             if control.describe:
                 result = self.remote(control.via or host, control.describe)
                 lines.append(f"{control.role} {last_line(result.stdout) if result.returncode == 0 else 'unknown'}")
@@ -382,7 +377,7 @@ class Runner:
 
     def drain(self, host: str) -> str:
         done = []
-        for control in self.traffic(host):
+        for control in self.controls[host]:
             result = self.remote(control.via or host, control.drain)
             if result.returncode != 0:
                 back = self.remote(control.via or host, control.restore)
@@ -414,7 +409,7 @@ class Runner:
     def prove(self, host: str) -> str:
         """The gate, once; after a reboot again every SETTLE_RETRY_S until it passes or settle_s has passed: a host
         that has just booted syncs its clock and loads its model before it can pass."""
-        for control in self.traffic(host):
+        for control in self.controls[host]:
             self.on_host(control.via or host, control.hold, f"{control.role} held out of service for the gate")
         # --ironserve-held: the gate expects the host out of its load balancer (a draining /health), as it is now.
         gate = ["verify", "--limit", host, "--reports", str(self.reports), *self.only(), self.rollout.inventory,
@@ -433,7 +428,7 @@ class Runner:
     def give_back(self, host: str) -> str:
         done = [
             f"{c.role}: {self.on_host(c.via or host, c.restore, f'{c.role} back in service')}"
-            for c in self.traffic(host)
+            for c in self.controls[host]
         ]
         return "; ".join(done) or "nothing to return"
 
