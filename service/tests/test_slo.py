@@ -22,7 +22,7 @@ RULES = slo.rules_document(SLO, QUALITY)
 ALERTS = {rule["alert"]: rule for group in RULES["groups"] for rule in group["rules"] if "alert" in rule}
 
 
-def series(name: str, values: str, **labels: str) -> dict[str, str]:
+def series(name: str, values: str, /, **labels: str) -> dict[str, str]:
     selector = ",".join(f'{k}="{v}"' for k, v in {**JOB, **labels}.items())
     return {"series": f"{name}{{{selector}}}", "values": values}
 
@@ -99,6 +99,54 @@ def case(
     inputs: list[dict[str, str]], alerts: list[dict[str, Any]], interval: str = "1m", **extra: Any
 ) -> dict[str, Any]:
     return {"interval": interval, "input_series": inputs, "alert_rule_test": alerts, **extra}
+
+
+# GPU health series in the shapes of the real captures in tests/data/gpu_health (each .source names the capture).
+A10 = {"uuid": "GPU-14705cc6-2e5b-ae28-e00a-0f87622e4299", "serial": "1325221009692", "name": "NVIDIA A10",
+       "pci_bus_id": "00000000:08:00.0"}  # fmt: skip
+A10_SECOND = {"uuid": "GPU-51ae0086-e1ac-4a20-f062-9caa44e4df6d", "serial": "1324722021038", "name": "NVIDIA A10",
+              "pci_bus_id": "00000000:06:00.0"}  # fmt: skip
+GPU0, GPU1 = "host:9400 gpu0 serial 1325221009692", "host:9400 gpu1 serial 1324722021038"
+
+
+def gpu_info(device: str = "gpu0", identity: dict[str, str] = A10) -> dict[str, str]:
+    return series("gpu_info", "1x40", device=device, **identity)
+
+
+def gpu_fires(alert: str, at: str, summary: str, device: str = "gpu0", **labels: str) -> dict[str, Any]:
+    """An alert named by host, GPU and serial: its summary as Prometheus renders the template."""
+    serial = labels.pop("serial", {"gpu0": A10["serial"], "gpu1": A10_SECOND["serial"]}[device])
+    expected = {**JOB, "device": device, **labels, "severity": ALERTS[alert]["labels"]["severity"]}
+    if serial:  # "": gpu_info missing, the alert carries no serial label
+        expected["serial"] = serial
+    alert_test = {"exp_labels": expected, "exp_annotations": {"summary": summary}}
+    return {"eval_time": at, "alertname": alert, "exp_alerts": [alert_test]}
+
+
+def ecc(volatile: str, aggregate: str = "5x30") -> list[dict[str, str]]:
+    return [
+        series("gpu_ecc_errors", volatile, device="gpu0", error_type="uncorrected", counter="volatile"),
+        series("gpu_ecc_errors", aggregate, device="gpu0", error_type="uncorrected", counter="aggregate"),
+    ]
+
+
+def throttle(**active: str) -> list[dict[str, str]]:
+    reasons = ("gpu_idle", "sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+               "sw_thermal_slowdown")  # fmt: skip
+    return [series("gpu_throttle_reason_active", active.get(r, "0x30"), device="gpu0", reason=r) for r in reasons]
+
+
+def power(draw: str, limit: str = "150x30", default: str = "150x30") -> list[dict[str, str]]:
+    return [series("gpu_power_watts", draw, device="gpu0"), series("gpu_power_limit_watts", limit, device="gpu0"),
+            series("gpu_power_default_limit_watts", default, device="gpu0")]  # fmt: skip
+
+
+def link(generation: str, util: str) -> list[dict[str, str]]:
+    return [
+        series("gpu_pcie_link_generation", generation, device="gpu0", bound="current"),
+        series("gpu_pcie_link_generation", "4x30", device="gpu0", bound="max"),
+        series("gpu_utilization_percent", util, device="gpu0"),
+    ]
 
 
 JOB_ONLY = {"job": "ironserve"}
@@ -178,6 +226,125 @@ CASES: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("logprob-variance", ("obs-logprobs-std",),
      case(logprob("0x30"), [fires("LogprobVarianceHigh", "20m", **JOB_ONLY)])),
     ("logprob-normal", ("obs-logprobs-std",), case(logprob("0+10x30"), [silent("LogprobVarianceHigh", "20m")])),
+    # GPU health. A volatile uncorrectable count going 0 -> 1, over a lifetime (aggregate) count of 5 (stas00's A100).
+    ("gpu-ecc-uncorrectable", ("obs-gpu-mem-alert-20-8gb",),
+     case([*ecc("0x10 1x20"), gpu_info()],
+          [gpu_fires("GpuUncorrectableEccError", "12m", f"{GPU0}: new uncorrectable (double-bit) ECC errors within "
+                     "10m: drain the host and reset the GPU", error_type="uncorrected", counter="volatile")])),
+    # gpu_info missing: the page still fires, the serial unknown.
+    ("gpu-ecc-uncorrectable-without-info", ("obs-gpu-mem-alert-20-8gb",),
+     case(ecc("0x10 1x20"),
+          [gpu_fires("GpuUncorrectableEccError", "12m", "host:9400 gpu0 serial unknown: new uncorrectable "
+                     "(double-bit) ECC errors within 10m: drain the host and reset the GPU", serial="",
+                     error_type="uncorrected", counter="volatile")])),
+    # The same GPU after an exporter restart: the old error is counted, nothing new happened.
+    ("gpu-ecc-old-errors", ("obs-gpu-mem-alert-20-8gb",),
+     case([*ecc("1x30"), gpu_info()], [silent("GpuUncorrectableEccError", "12m")])),
+    ("gpu-xid-48", (),
+     case([series("gpu_xid_errors_total", "0x10 1x20", device="gpu0", xid="48"), gpu_info()],
+          [gpu_fires("GpuFatalXid", "12m", f"{GPU0}: XID 48, which NVIDIA's Xid catalog clears only by a GPU reset "
+                     "or a reboot", xid="48")])),
+    # Xid 63 (a row remap recorded: IGNORE in the catalog) does not page; its pending remap makes a ticket.
+    ("gpu-xid-63", (),
+     case([series("gpu_xid_errors_total", "0x10 1x20", device="gpu0", xid="63"),
+           series("gpu_xid_errors_total", "0x30", device="gpu0", xid="48"), gpu_info()],
+          [silent("GpuFatalXid", "12m")])),
+    ("gpu-lost", (),
+     case([series("gpu_lost", "0x5 1x10", device="gpu1"), gpu_info("gpu1", A10_SECOND)],
+          [silent("GpuLost", "4m"),
+           gpu_fires("GpuLost", "8m", f"{GPU1}: NVML cannot reach the GPU (off the bus): drain and reboot the host; "
+                     "reseat or replace the card if it recurs", device="gpu1")])),
+    ("gpu-present", (), case([series("gpu_lost", "0x20", device="gpu1"), gpu_info("gpu1", A10_SECOND)],
+                             [silent("GpuLost", "10m")])),
+    ("gpu-missing", (),
+     case([series("gpu_visible_count", "2x3 1x10"), series("gpu_expected_count", "2x13")],
+          [{"eval_time": "8m", "alertname": "GpuMissing", "exp_alerts": [{"exp_labels": {**JOB, "severity": "page"},
+            "exp_annotations": {"summary": "host:9400: NVML shows 1 GPUs, fewer than gpu_health.expected_gpus: a card "
+                                "is off the bus since the driver loaded, so NVML cannot name it; its serial is in "
+                                "gpu_info before the drop"}}]}])),
+    ("gpu-all-visible", (),
+     case([series("gpu_visible_count", "2x13"), series("gpu_expected_count", "2x13")], [silent("GpuMissing", "8m")])),
+    # The A10G capture's link: Max 16x, Current 8x.
+    ("gpu-pcie-x8", ("hw-pcie-link-width-x16",),
+     case([series("gpu_pcie_link_width", "8x20", device="gpu0", bound="current"),
+           series("gpu_pcie_link_width", "16x20", device="gpu0", bound="max"), gpu_info()],
+          [silent("GpuPcieLinkDegraded", "3m"),
+           gpu_fires("GpuPcieLinkDegraded", "10m", f"{GPU0}: PCIe link at x8 for 5m, expected x16: reseat the card or "
+                     "check its slot and riser", bound="current")])),
+    ("gpu-pcie-x16", ("hw-pcie-link-width-x16",),
+     case([series("gpu_pcie_link_width", "16x20", device="gpu0", bound="current"), gpu_info()],
+          [silent("GpuPcieLinkDegraded", "10m")])),
+    ("gpu-remap-failure", (),
+     case([series("gpu_remapped_rows_failure", "0x3 1x10", device="gpu0"), gpu_info()],
+          [gpu_fires("GpuRowRemapFailure", "6m", f"{GPU0}: a row remapping failed, the memory can no longer repair "
+                     "itself: drain the host, replace the card")])),
+    ("gpu-remap-no-failure", (),
+     case([series("gpu_remapped_rows_failure", "0x13", device="gpu0"), gpu_info()],
+          [silent("GpuRowRemapFailure", "6m")])),
+    # stas00's "Pending Page Blacklist : Yes"; the V100 capture's "No".
+    ("gpu-retired-pages-pending", (),
+     case([series("gpu_retired_pages_pending", "1x10", device="gpu0"), gpu_info()],
+          [gpu_fires("GpuRetiredPagesPending", "5m", f"{GPU0}: memory pages are pending retirement after ECC errors: "
+                     "drain and reboot the host to retire them")])),
+    ("gpu-retired-pages-none-pending", (),
+     case([series("gpu_retired_pages_pending", "0x10", device="gpu0"), gpu_info()],
+          [silent("GpuRetiredPagesPending", "5m")])),
+    # The A100 capture: Remapped Rows Pending: Yes.
+    ("gpu-remap-pending", (),
+     case([series("gpu_remapped_rows_pending", "1x10", device="gpu0"), gpu_info()],
+          [gpu_fires("GpuRowRemapPending", "5m", f"{GPU0}: a memory row remap waits for a GPU reset: reset the GPU at "
+                     "a convenient time (drained)")])),
+    ("gpu-remap-not-pending", (),
+     case([series("gpu_remapped_rows_pending", "0x10", device="gpu0"), gpu_info()],
+          [silent("GpuRowRemapPending", "5m")])),
+    # The Dell C4130 capture: HW Slowdown and HW Power Brake Slowdown active together.
+    ("gpu-power-brake", (),
+     case([*throttle(hw_slowdown="1x30", hw_power_brake_slowdown="1x30"), gpu_info()],
+          [silent("GpuClocksSlowdown", "10m"),
+           {"eval_time": "20m", "alertname": "GpuClocksSlowdown", "exp_alerts": [
+               {"exp_labels": {**JOB, "device": "gpu0", "serial": A10["serial"], "reason": reason,
+                               "severity": "ticket"},
+                "exp_annotations": {"summary": f"{GPU0}: clocks held down by {reason} for 15m: check cooling, and for "
+                                               "a power brake the power supplies and the BMC"}}
+               for reason in ("hw_power_brake_slowdown", "hw_slowdown")]}])),
+    # The idle A10 capture: SW Power Cap active at 15.65 W of 150 W, nothing held down.
+    ("gpu-idle-sw-power-cap", (),
+     case([*throttle(sw_power_cap="1x30"), *power("15.65x30"), gpu_info()],
+          [silent("GpuClocksSlowdown", "20m"), silent("GpuPowerCapped", "20m")])),
+    ("gpu-power-capped", (),
+     case([*throttle(sw_power_cap="1x30"), *power("149.3x30"), gpu_info()],
+          [gpu_fires("GpuPowerCapped", "20m", f"{GPU0}: drawing at its power limit with the SW power cap engaged for "
+                     "15m: clocks are held down by power; check gpu_power_limit_watts and airflow",
+                     reason="sw_power_cap")])),
+    # The A10 captures' link: generation 1 of 4. Idle (0 %) that is power saving; at 95 % busy it is a slow link.
+    ("gpu-pcie-generation-under-load", ("hw-pcie-link-gen",),
+     case([*link("1x30", "95x30"), gpu_info()],
+          [gpu_fires("GpuPcieGenerationBelowMaxUnderLoad", "20m", f"{GPU0}: PCIe generation 1 below what the slot "
+                     "allows while over 80% busy for 15m: check the slot, riser and BIOS link speed")])),
+    ("gpu-pcie-generation-idle", ("hw-pcie-link-gen",),
+     case([*link("1x30", "0x30"), gpu_info()], [silent("GpuPcieGenerationBelowMaxUnderLoad", "20m")])),
+    ("gpu-pcie-generation-at-max", ("hw-pcie-link-gen",),
+     case([*link("4x30", "95x30"), gpu_info()], [silent("GpuPcieGenerationBelowMaxUnderLoad", "20m")])),
+    # The A10's Min Power Limit (100 W) set against its 150 W default; then the captures' 150 of 150.
+    ("gpu-power-limit-capped", ("hw-gpu-power-limit",),
+     case([*power("60x30", limit="100x30"), gpu_info()],
+          [gpu_fires("GpuPowerLimitChanged", "20m", f"{GPU0}: enforced power limit 100 W differs from the board "
+                     "default for 15m: restore it (nvidia-smi -pl) unless the cap is deliberate")])),
+    ("gpu-power-limit-default", ("hw-gpu-power-limit",),
+     case([*power("60x30"), gpu_info()], [silent("GpuPowerLimitChanged", "20m")])),
+    # The GPU guard's drain for gpu1's ECC error (tests/test_gpu_guard.py), then the host serving again: the series
+    # is gone (stale 5 m after its last scrape).
+    ("gpu-guard-drained", (),
+     case([series("ironserve_gpu_guard_drained", "1x10", device="gpu1", serial=A10_SECOND["serial"],
+                  reason="new uncorrectable (double-bit) ECC error")],
+          [gpu_fires("GpuGuardDrained", "5m", "host:9400 out of its load balancer, drained by the GPU guard: gpu1 "
+                     "serial 1324722021038 new uncorrectable (double-bit) ECC error; it serves again once the GPU is "
+                     "fit and the model answers, or after `ironserve-service traffic serving`",
+                     device="gpu1", reason="new uncorrectable (double-bit) ECC error")])),
+    ("gpu-guard-back-in-service", (),
+     case([series("ironserve_gpu_guard_drained", "1x2", device="gpu1", serial=A10_SECOND["serial"],
+                  reason="new uncorrectable (double-bit) ECC error")],
+          [silent("GpuGuardDrained", "10m")])),
 ]  # fmt: skip
 
 

@@ -302,8 +302,9 @@ class TrafficStack:
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[TrafficStack]:
-    """etcd, Envoy and the control loop as processes, blue served by the stand-in engine, one API key."""
+def stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[TrafficStack]:
+    """etcd, Envoy and the control loop as processes, blue served by the stand-in engine, one API key; sections of
+    the config file a test gives as the fixture's param (indirect parametrization) are merged over these."""
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
@@ -316,7 +317,7 @@ def stack(tmp_path: Path) -> Iterator[TrafficStack]:
     keys.write_text(f"tester {KEY}\n")
     etcd_port = free_port()
     config = tmp_path / "service.yaml"
-    config.write_text(yaml.safe_dump({
+    sections: dict[str, dict[str, Any]] = {
         "engine": {"model_dir": str(tmp_path)},
         "quality": {"mirror_percent": 0},
         "swap": {
@@ -325,7 +326,10 @@ def stack(tmp_path: Path) -> Iterator[TrafficStack]:
             "listen_port": free_port(), "admin_port": free_port(), "api_keys_file": str(keys),
             "switch_timeout_s": 10, "poll_interval_s": 0.1,
         },
-    }))  # fmt: skip
+    }  # fmt: skip
+    for section, values in getattr(request, "param", {}).items():
+        sections[section] = {**sections.get(section, {}), **values}
+    config.write_text(yaml.safe_dump(sections))
     settings = load_settings(config)
     # The control loop's gate: a ready marker written by a live process (this one), then the engine's /health.
     marker = colour_readiness(settings, "blue").ready_marker

@@ -22,6 +22,8 @@ from ironserve_service import (
     chaos,
     control,
     exporter,
+    gpu_guard,
+    gpu_health,
     health,
     kube,
     kube_swap,
@@ -86,7 +88,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_exporter(args: argparse.Namespace) -> int:
     settings = _settings(args.config)
     logging.basicConfig(level=logging.INFO)
-    registry = exporter.build_registry(settings)
+    # Blocked before any thread starts (threads inherit the mask), so SIGTERM reaches sigwait below and the XID
+    # watcher is stopped instead of the default action ending the process under it.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    xids = gpu_health.XidWatcher(settings.exporter.max_gpus)
+    xids.start()  # False on a host without NVML: the exporter runs without XID counts
+    registry = exporter.build_registry(settings, xids=xids)
     metrics = quality.QualityMetrics(registry, settings.quality)
     embedder = quality.sentence_bert if settings.quality.semantic_scorer == "sentence-bert" else lambda: None
     scorer = quality.QualityScorer(settings, metrics, embedder)
@@ -94,7 +102,8 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     exporter.serve(settings.exporter, registry)
     print(f"exporter on {settings.exporter.host}:{settings.exporter.port}, mirror sink on "
           f"{settings.quality.mirror_host}:{settings.quality.mirror_port}", flush=True)  # fmt: skip
-    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    signal.sigwait(stop_signals)
+    xids.stop()
     return 0
 
 
@@ -109,7 +118,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 def cmd_rules(args: argparse.Namespace) -> int:
     settings = _settings(args.config)
-    text = slo.render_rules(settings.slo, settings.quality)
+    text = slo.render_rules(settings.slo, settings.quality, settings.gpu_health)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
     else:
@@ -263,7 +272,15 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_control(args: argparse.Namespace) -> int:
-    return control.run_controller(_settings(args.config))
+    settings = _settings(args.config)
+    guard = gpu_guard.GpuGuard(settings) if settings.gpu_health.guard else None
+    if guard is not None:
+        guard.start()
+    try:
+        return control.run_controller(settings)
+    finally:
+        if guard is not None:
+            guard.stop()
 
 
 def cmd_router(args: argparse.Namespace) -> int:
@@ -369,7 +386,9 @@ def parser() -> argparse.ArgumentParser:
     drain_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     drain_command.set_defaults(handler=cmd_drain)
 
-    control_command = commands.add_parser("control", help="watch etcd and move Envoy's route after a readiness check")
+    control_command = commands.add_parser(
+        "control", help="watch etcd and move Envoy's route after a readiness check; the GPU guard beside it"
+    )
     control_command.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     control_command.set_defaults(handler=cmd_control)
 

@@ -6,7 +6,9 @@ any etcd >= 3.4. Keys under ``/models/<name>/``: ``active`` (the serving version
 ``colours/<blue|green>`` (the version each colour runs) and ``proofs/<blue|green>`` (what ``swap`` proved about the
 colour's readiness right before its write), written together in one transaction by ``swap``; ``traffic`` (the
 host's traffic state, router.py: serving, draining or closed; absent means serving), written by ``traffic`` and
-``drain`` and rendered into the same route file.
+``drain`` and rendered into the same route file; ``traffic/reason`` (why the host left serving, rendered into
+/health's answer while it is out) and ``traffic/gpu-guard`` (the GPU guard's record), both written with ``traffic``
+by the GPU guard (gpu_guard.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -54,6 +56,12 @@ def _prefix_end(prefix: str) -> str:
 class Snapshot:
     revision: int
     values: dict[str, str]
+    mod_revisions: dict[str, int] = field(default_factory=dict)  # key -> the revision of its last write
+
+
+def same_revision(key: str, mod_revision: int) -> dict[str, Any]:
+    """A txn comparison: key last written at mod_revision (0: absent, as etcd compares a missing key)."""
+    return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
 
 
 # Kept over the `etcd3gw` package (2.7.0, measured 2026-12-06 with `benchmarks/hot_swap.py --etcd3gw`; figures in
@@ -81,8 +89,10 @@ class Etcd:
 
     def get_prefix(self, prefix: str) -> Snapshot:
         answer = self._post("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(_prefix_end(prefix))})
-        values = {_unb64(kv["key"]): _unb64(kv.get("value", "")) for kv in answer.get("kvs", [])}
-        return Snapshot(int(answer["header"]["revision"]), values)
+        kvs = answer.get("kvs", [])
+        values = {_unb64(kv["key"]): _unb64(kv.get("value", "")) for kv in kvs}
+        revisions = {_unb64(kv["key"]): int(kv["mod_revision"]) for kv in kvs}
+        return Snapshot(int(answer["header"]["revision"]), values, revisions)
 
     def put(self, key: str, value: str) -> int:
         answer = self._post("/v3/kv/put", {"key": _b64(key), "value": _b64(value)})
@@ -94,8 +104,15 @@ class Etcd:
             compare = {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
         else:
             compare = {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(previous)}
+        return self.txn([compare], puts)
+
+    def txn(
+        self, compare: list[dict[str, Any]], puts: dict[str, str], deletes: tuple[str, ...] = ()
+    ) -> tuple[bool, int]:
+        """One transaction: the puts and deletes happen only if every comparison holds; (succeeded, revision)."""
         success = [{"requestPut": {"key": _b64(k), "value": _b64(v)}} for k, v in puts.items()]
-        answer = self._post("/v3/kv/txn", {"compare": [compare], "success": success})
+        success += [{"requestDeleteRange": {"key": _b64(key)}} for key in deletes]
+        answer = self._post("/v3/kv/txn", {"compare": compare, "success": success})
         # The gateway omits false booleans.
         return bool(answer.get("succeeded", False)), int(answer["header"]["revision"])
 
@@ -345,6 +362,14 @@ def traffic_state(swap: SwapSettings, values: dict[str, str]) -> router.Traffic:
     return next((state for state in router.TRAFFIC_STATES if state == value), "draining")
 
 
+def traffic_reason(swap: SwapSettings, values: dict[str, str]) -> str | None:
+    """Why the host is out of serving (SwapSettings.traffic_reason_key), while it is; None when it serves: a reason
+    left behind by an admin's `traffic serving` says nothing about the host any more."""
+    if traffic_state(swap, values) == "serving":
+        return None
+    return values.get(swap.traffic_reason_key) or None
+
+
 @dataclass(frozen=True)
 class SwitchTiming:
     """Wall-clock times (time.time()) of one switch inside the control loop, logged with the switch so that
@@ -406,8 +431,7 @@ class Controller:
             return
         checked_at = time.time()
         path = self.swap.router_dir / router.RDS_FILE
-        router.write_route(path, router.routes(self.swap, colour, version, revision, self.settings.quality,
-                                               self.api_keys(), self.traffic()))  # fmt: skip
+        router.write_route(path, self.route(colour, version, revision))
         timing = SwitchTiming(event_at, checked_at, time.time())
         self.log(f"route -> {colour}/{version} (etcd revision {revision}) {result.reason}; {timing.log_text()}")
         router.prune_routes(path)
@@ -436,6 +460,12 @@ class Controller:
             self.keys_shown = shown
         return self.keys
 
+    def route(self, colour: Colour, version: str | None, revision: int) -> router.JSON:
+        """The route file's content for this colour with the current settings, API keys and traffic state."""
+        traffic = self.traffic()
+        return router.routes(self.swap, colour, version, revision, self.settings.quality, self.api_keys(), traffic,
+                             traffic_reason(self.swap, self.values))  # fmt: skip
+
     def traffic(self) -> router.Traffic:
         """The traffic state etcd asks for (traffic_state); a value naming no state is logged once."""
         value = self.values.get(self.swap.traffic_key)
@@ -454,16 +484,15 @@ class Controller:
         if self.colour is None:
             return
         path = self.swap.router_dir / router.RDS_FILE
-        traffic = self.traffic()
-        wanted = router.routes(self.swap, self.colour, self.version, self.route_revision,  # type: ignore[arg-type]
-                               self.settings.quality, self.api_keys(), traffic)  # fmt: skip
+        wanted = self.route(self.colour, self.version, self.route_revision)  # type: ignore[arg-type]
         with contextlib.suppress(OSError, ValueError):
             if json.loads(path.read_text(encoding="utf-8")) == wanted:
                 return
         router.write_route(path, wanted)
         router.prune_routes(path)
-        self.log(f"route re-rendered for the current settings, keys and traffic {traffic} "
-                 f"({self.colour}/{self.version})")  # fmt: skip
+        traffic, reason = self.traffic(), traffic_reason(self.swap, self.values)
+        shown = f"{traffic} ({reason})" if reason else traffic
+        self.log(f"route re-rendered for the current settings, keys and traffic {shown} ({self.colour}/{self.version})")
 
     def resync(self) -> bool:
         """A full read of every key, applied; True when it held values that the watch had not delivered."""

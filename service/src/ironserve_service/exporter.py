@@ -1,7 +1,9 @@
 """Prometheus exporter: hardware, framework and cost dimensions, plus the quality metrics of quality.py.
 
 Hardware and framework figures are read at scrape time (no background polling), so a scrape
-shows the state of that moment and an idle exporter costs nothing.
+shows the state of that moment and an idle exporter costs nothing. GPU health (gpu_health.py) is read
+the same way; only its XID events come from a thread, because NVML delivers them as events. With the GPU guard
+on, the GPUs it drained the host for are read from etcd at scrape time too (gpu_guard.GuardCollector).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from ironserve_service.gpu_guard import GuardCollector
+from ironserve_service.gpu_health import GpuHealthCollector, XidWatcher
 from ironserve_service.serving import serving_engine
 from ironserve_service.settings import ExporterSettings, ServiceSettings
 
@@ -210,10 +214,20 @@ def cost_per_token(usd_per_hour: float, tokens_per_second: float) -> float | Non
     return usd_per_hour / 3600.0 / tokens_per_second
 
 
-def build_registry(settings: ServiceSettings, extra: Iterable[Collector] = ()) -> CollectorRegistry:
+def build_registry(
+    settings: ServiceSettings, extra: Iterable[Collector] = (), xids: XidWatcher | None = None
+) -> CollectorRegistry:
+    """`xids`: the running XID watcher whose counts the GPU health families carry (the `exporter` command's)."""
     registry = CollectorRegistry(auto_describe=False)
     exporter = settings.exporter
-    collectors = [HardwareCollector(exporter.max_gpus), FrameworkCollector(settings), CostCollector(exporter)]
+    collectors = [
+        HardwareCollector(exporter.max_gpus),
+        GpuHealthCollector(settings.gpu_health, exporter.max_gpus, xids),
+        FrameworkCollector(settings),
+        CostCollector(exporter),
+    ]
+    if settings.gpu_health.guard:
+        collectors.append(GuardCollector(settings.swap, min(settings.swap.etcd_timeout_s, exporter.scrape_timeout_s)))
     for collector in [*collectors, *extra]:
         registry.register(collector)
     return registry

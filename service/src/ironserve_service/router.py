@@ -19,7 +19,8 @@ Host traffic state (etcd's ``SwapSettings.traffic_key``, ``ironserve-service tra
 the route file: ``serving`` as above; ``draining``: ``/health`` answers 503 ``draining`` from Envoy itself, so the
 site load balancer takes the host out, while the API paths are still served; ``closed``: every API path answers
 503 ``draining`` too, new work is refused while the streams in flight finish on the route they started on. X-Env
-routes follow the same state; the API keys still apply.
+routes follow the same state; the API keys still apply. When the host left serving for a reason (the GPU guard's,
+etcd's ``SwapSettings.traffic_reason_key``), Envoy's 503 answers carry it in the ``x-ironserve-drain-reason`` header.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ TRAFFIC_STATES: tuple[Traffic, ...] = ("serving", "draining", "closed")
 # Envoy's own answer on /health while the host leaves its load balancer, and on the API paths once it is closed.
 DRAINING_BODY = "draining"
 DRAINING = {"status": 503, "body": {"inline_string": DRAINING_BODY}}
+# Why the host is out of serving, on Envoy's own 503 answers: the body stays `draining`, which load balancers and
+# traffic.envoy_traffic compare.
+DRAIN_REASON_HEADER = "x-ironserve-drain-reason"
 # A /health request carrying this header reaches the active colour in every traffic state: `swap` on a drained host
 # must see the new colour answer through Envoy, which the load balancer's plain /health never reaches then.
 PROBE_HEADER = "x-ironserve-probe"
@@ -343,6 +347,14 @@ def mirror_policies(quality: QualitySettings | None) -> list[JSON]:
     return [{"cluster": MIRROR_CLUSTER, "runtime_fraction": {"default_value": share}}]
 
 
+def drain_reason_headers(reason: str) -> list[JSON]:
+    """response_headers_to_add naming the reason. Envoy reads `%` in these values as the start of a command operator
+    (docs: "Custom request/response headers", `%%` for a literal one) and refuses control characters in a header
+    value (RFC 9110 field-value), so `%` is doubled and anything but printable ASCII becomes `?`."""
+    text = "".join(c if " " <= c <= "~" else "?" for c in reason).replace("%", "%%")
+    return [{"header": {"key": DRAIN_REASON_HEADER, "value": text}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+
+
 def _refused(match: JSON, traffic: Traffic) -> bool:
     """Whether Envoy answers a served path itself in this traffic state: /health unless serving, all when closed."""
     return traffic == "closed" or (traffic == "draining" and match["path"] == HEALTH_PATH)
@@ -356,6 +368,7 @@ def routes(
     quality: QualitySettings | None = None,
     api_keys: list[tuple[str, str]] | None = None,
     traffic: Traffic = "serving",
+    traffic_reason: str | None = None,
 ) -> JSON:
     """Only the OpenAI API paths and /health reach the active colour; everything else is 404.
 
@@ -364,7 +377,8 @@ def routes(
     `quality`, prod chat requests are mirrored to the quality sink (staging and canary are not: their answers
     would be scored as prod's). With `settings.api_keys_file`, the API routes accept only `api_keys`.
     `traffic` draining: /health (X-Env included) answers 503 `draining`; closed: every served path does; either way
-    a /health request with PROBE_HEADER still reaches the colour (swap's proof that the route moved).
+    a /health request with PROBE_HEADER still reaches the colour (swap's proof that the route moved). Envoy's own
+    503 answers carry `traffic_reason`, when given, in DRAIN_REASON_HEADER.
     """
     matches: list[JSON] = [{"path": path} for path in (*API_PATHS, HEALTH_PATH)]
     if colour is None:
@@ -380,8 +394,11 @@ def routes(
             chat = match["path"] == CHAT_PATH and mirrored["request_mirror_policies"]
             return {"match": match, "route": mirrored if chat else action, "typed_per_filter_config": headers}
 
+        refusal: JSON = {"direct_response": DRAINING}
+        if traffic_reason:
+            refusal["response_headers_to_add"] = drain_reason_headers(traffic_reason)
         served = [
-            {"match": route["match"], "direct_response": DRAINING} if _refused(route["match"], traffic) else route
+            {"match": route["match"], **refusal} if _refused(route["match"], traffic) else route
             for route in (*_x_env_routes(settings, colour, matches, headers), *map(prod, matches))
         ]
         if traffic != "serving":

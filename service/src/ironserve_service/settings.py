@@ -10,6 +10,7 @@ from typing import Annotated, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ironserve_service.gpu_health import FATAL_XIDS, PCIE_WIDTHS
 from ironserve_service.kube import DNS_1123_LABEL, SERVICE_ACCOUNT_DIR
 
 
@@ -198,6 +199,13 @@ def _label_value(value: str) -> str:
 
 
 Duration = Annotated[str, AfterValidator(_duration)]
+# Seconds per unit of a Prometheus duration (docs: configuration, <duration>: a year is 365 days).
+DURATION_UNITS = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
+
+
+def duration_seconds(value: str) -> float:
+    """A Prometheus duration (`1h30m`) in seconds: the GPU guard holds a condition as long as the rule's `for:`."""
+    return sum(int(count) * DURATION_UNITS[unit] for count, unit in re.findall(r"([0-9]+)(ms|[ywdhms])", value))
 
 
 class SloSettings(_Strict):
@@ -228,6 +236,66 @@ class SloSettings(_Strict):
     # Mirrored samples are sparse; a longer window keeps the success rate from flapping.
     quality_window: Duration = "30m"
     job: Annotated[str, AfterValidator(_label_value)] = "ironserve"
+
+
+class GpuHealthSettings(_Strict):
+    """GPU health watched through NVML (gpu_health.py) and the page and ticket rules on it (slo.gpu_rules)."""
+
+    # GPUs NVML enumerates on a healthy host; fewer pages as a GPU off the bus. 2: the design serves on two A10s
+    # (hw-active-gpus-two); a host that keeps all four cards installed sets 4.
+    expected_gpus: int = Field(default=2, ge=0, le=64)
+    # PCIe lanes each checked GPU must train at: the hardware profile's serving_width (hw-pcie-link-width-x16).
+    expected_pcie_width: int = 16
+    # NVML indices held to expected_pcie_width; None: every GPU. On the R740 with four cards, slots 3-4 train at x8
+    # and do not serve, so the serving two are listed.
+    full_width_devices: list[int] | None = None
+    # How long a link may stay narrower than expected before it pages (a GPU reset retrains it in seconds).
+    degraded_link_for: Duration = "5m"
+    # The window in which a new uncorrectable ECC error or a paging XID is looked for: at least two scrapes.
+    error_window: Duration = "10m"
+    # XIDs that page (gpu_health.FATAL_XIDS cites NVIDIA's Xid catalog for each default).
+    fatal_xids: list[int] = Field(default_factory=lambda: list(FATAL_XIDS))
+    # How long a clock slowdown, a power cap at the limit, a slow link under load or a changed power limit lasts
+    # before it makes a ticket.
+    sustained_for: Duration = "15m"
+    # Power draw at or above this share of the enforced limit, with the SW power cap engaged, counts as capped: an
+    # idle A10 reports the SW power cap "Active" at 15 W of 150 W (tests/data/gpu_health/a10-nvidia-smi-q.txt).
+    power_limit_ratio: float = Field(default=0.95, gt=0, le=1)
+    # Utilisation above which a PCIe generation below the platform's maximum means a degraded link: an idle GPU
+    # lowers its link generation to save power.
+    busy_utilization_percent: float = Field(default=80.0, gt=0, le=100)
+    # The GPU guard (gpu_guard.py) in `ironserve-service control`: when a serving GPU meets a page rule's condition,
+    # the host leaves its load balancer (traffic draining, the reason beside it) and comes back once the GPUs are fit
+    # and the model answers. It never reboots the host nor resets a GPU.
+    guard: bool = True
+    # Seconds between the guard's readings: the control loop's own full-read period (control.RESYNC_S); an NVML
+    # reading takes milliseconds.
+    guard_interval_s: float = Field(default=5.0, gt=0)
+
+    @field_validator("expected_pcie_width")
+    @classmethod
+    def _pcie_width(cls, width: int) -> int:
+        if width not in PCIE_WIDTHS:
+            raise ValueError(f"{width} is not a PCIe link width; accepted: {', '.join(map(str, PCIE_WIDTHS))}")
+        return width
+
+    @field_validator("full_width_devices")
+    @classmethod
+    def _devices(cls, devices: list[int] | None) -> list[int] | None:
+        if devices is not None and (not devices or min(devices) < 0 or len(set(devices)) != len(devices)):
+            raise ValueError(
+                f"full_width_devices must be distinct NVML indices (0, 1, ...), or null for every GPU; got {devices}"
+            )
+        return devices
+
+    @field_validator("fatal_xids")
+    @classmethod
+    def _xids(cls, xids: list[int]) -> list[int]:
+        if not xids or any(not 1 <= xid <= 999 for xid in xids) or len(set(xids)) != len(xids):
+            raise ValueError(
+                f"fatal_xids must be one or more distinct XID codes from 1 to 999 (NVIDIA's Xid catalog); got {xids}"
+            )
+        return xids
 
 
 class ReleaseSettings(_Strict):
@@ -434,6 +502,18 @@ class SwapSettings(_Strict):
         """The host's traffic state (`traffic`, `drain`): serving, draining or closed; absent means serving."""
         return f"/models/{self.model_name}/traffic"
 
+    @property
+    def traffic_reason_key(self) -> str:
+        """Why the host left serving, one line, written with the traffic key by the GPU guard: Envoy's /health
+        names it in a header and `status` shows it while the state is not serving."""
+        return f"{self.traffic_key}/reason"
+
+    @property
+    def gpu_guard_key(self) -> str:
+        """The GPU guard's record of its drain (gpu_guard.GuardRecord), written in the same transaction as the
+        traffic key: equal modification revisions mean the drain in force is still the guard's."""
+        return f"{self.traffic_key}/gpu-guard"
+
     def colour_key(self, colour: Colour) -> str:
         return f"/models/{self.model_name}/colours/{colour}"
 
@@ -537,6 +617,7 @@ class ServiceSettings(_Strict):
     engine: EngineSettings
     readiness: ReadinessSettings = ReadinessSettings()
     exporter: ExporterSettings = ExporterSettings()
+    gpu_health: GpuHealthSettings = GpuHealthSettings()
     quality: QualitySettings = QualitySettings()
     slo: SloSettings = SloSettings()
     swap: SwapSettings = SwapSettings()
@@ -544,6 +625,22 @@ class ServiceSettings(_Strict):
     chaos: ChaosSettings = ChaosSettings()
     scaler: ScalerSettings = ScalerSettings()
     kubernetes: KubernetesServingSettings = KubernetesServingSettings()
+
+    @model_validator(mode="after")
+    def _gpus_watched(self) -> ServiceSettings:
+        # The exporter reads up to exporter.max_gpus GPUs: one expected past that would never be watched.
+        watched, health = self.exporter.max_gpus, self.gpu_health
+        if health.expected_gpus > watched:
+            raise ValueError(
+                f"gpu_health.expected_gpus ({health.expected_gpus}) exceeds exporter.max_gpus ({watched}): the GPUs "
+                "past max_gpus would not be watched; accepted: raise exporter.max_gpus"
+            )
+        beyond = [index for index in health.full_width_devices or [] if index >= watched]
+        if beyond:
+            raise ValueError(
+                f"gpu_health.full_width_devices {beyond} are not below exporter.max_gpus ({watched}): never read"
+            )
+        return self
 
 
 def load_settings(path: Path) -> ServiceSettings:

@@ -4,6 +4,10 @@ Latency is judged by quantiles of histograms whose buckets include the SLO bound
 launcher configures vLLM so), never by averages. The latency SLO is on time to first token and time
 per output token, which do not grow with the answer's length; end-to-end latency is recorded for
 dashboards and pages only together with errors (the 003 rule). There are no generic resource alerts.
+
+The GPU health rules (`gpu_rules`) page on hardware faults that take a GPU out of serving (NVIDIA's Xid catalog and
+memory error management guide decide which) and make tickets for conditions that slow it; every one names the host,
+the GPU's index and its serial, joined from `gpu_info`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ironserve_service.settings import QualitySettings, SloSettings
+from ironserve_service.settings import GpuHealthSettings, QualitySettings, SloSettings
 
 LATENCY_HISTOGRAM = "vllm:e2e_request_latency_seconds"
 FIRST_TOKEN_HISTOGRAM = "vllm:time_to_first_token_seconds"
@@ -155,14 +159,145 @@ def alerting_rules(slo: SloSettings, quality: QualitySettings) -> list[dict[str,
     ]  # fmt: skip
 
 
-def rules_document(slo: SloSettings, quality: QualitySettings) -> dict[str, Any]:
+# The labels one GPU's series share (the exporter's target, and device="gpuN").
+GPU_KEYS = "job, instance, device"
+# How each GPU alert names the GPU: host, index and serial (serial "unknown" only when gpu_info is missing).
+GPU = (
+    "{{ $labels.instance }} {{ $labels.device }} serial "
+    "{{ if $labels.serial }}{{ $labels.serial }}{{ else }}unknown{{ end }}"
+)
+
+
+# GpuMissing's `for:`, here because the GPU guard (gpu_guard.py) holds the same condition as long before it drains.
+MISSING_FOR = "1m"
+
+
+def with_serial(expr: str) -> str:
+    """`expr` carrying the GPU's serial from gpu_info, and still firing, without it, where gpu_info is missing."""
+    return f"({expr}) * on ({GPU_KEYS}) group_left (serial) gpu_info or ({expr}) unless on ({GPU_KEYS}) gpu_info"
+
+
+def gpu_rules(gpu: GpuHealthSettings) -> list[dict[str, Any]]:
+    window, xids = gpu.error_window, "|".join(map(str, gpu.fatal_xids))
+    width = gpu.expected_pcie_width
+    checked = gpu.full_width_devices
+    devices = "" if checked is None else ', device=~"{}"'.format("|".join(f"gpu{i}" for i in checked))
+    held = gpu.sustained_for
+    return [
+        # Pages: the GPU is out of serving or its memory is no longer trustworthy.
+        _alert(
+            "GpuUncorrectableEccError",
+            with_serial(f'increase(gpu_ecc_errors{{error_type="uncorrected", counter="volatile"}}[{window}]) > 0'),
+            "0m", "page",
+            f"{GPU}: new uncorrectable (double-bit) ECC errors within {window}: drain the host and reset the GPU",
+        ),
+        _alert(
+            "GpuFatalXid",
+            with_serial(f'increase(gpu_xid_errors_total{{xid=~"{xids}"}}[{window}]) > 0'),
+            "0m", "page",
+            f"{GPU}: XID {{{{ $labels.xid }}}}, which NVIDIA's Xid catalog clears only by a GPU reset or a reboot",
+        ),
+        _alert(
+            "GpuLost",
+            with_serial("gpu_lost == 1"),
+            "0m", "page",
+            f"{GPU}: NVML cannot reach the GPU (off the bus): drain and reboot the host; reseat or replace the card "
+            "if it recurs",
+        ),
+        _alert(
+            "GpuMissing",
+            "gpu_visible_count < gpu_expected_count",
+            MISSING_FOR, "page",
+            "{{ $labels.instance }}: NVML shows {{ $value }} GPUs, fewer than gpu_health.expected_gpus: a card is off "
+            "the bus since the driver loaded, so NVML cannot name it; its serial is in gpu_info before the drop",
+        ),
+        _alert(
+            "GpuPcieLinkDegraded",
+            with_serial(f'gpu_pcie_link_width{{bound="current"{devices}}} < {width}'),
+            gpu.degraded_link_for, "page",
+            f"{GPU}: PCIe link at x{{{{ $value }}}} for {gpu.degraded_link_for}, expected x{width}: reseat the card or "
+            "check its slot and riser",
+        ),
+        _alert(
+            "GpuRowRemapFailure",
+            with_serial("gpu_remapped_rows_failure == 1"),
+            "0m", "page",
+            f"{GPU}: a row remapping failed, the memory can no longer repair itself: drain the host, replace the card",
+        ),
+        _alert(
+            "GpuRetiredPagesPending",
+            with_serial("gpu_retired_pages_pending == 1"),
+            "0m", "page",
+            f"{GPU}: memory pages are pending retirement after ECC errors: drain and reboot the host to retire them",
+        ),
+        # Tickets: the GPU serves, slower or at risk.
+        _alert(
+            "GpuRowRemapPending",
+            with_serial("gpu_remapped_rows_pending == 1"),
+            "0m", "ticket",
+            f"{GPU}: a memory row remap waits for a GPU reset: reset the GPU at a convenient time (drained)",
+        ),
+        _alert(
+            "GpuClocksSlowdown",
+            with_serial(
+                'gpu_throttle_reason_active{reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|'
+                'sw_thermal_slowdown"} == 1'
+            ),
+            held, "ticket",
+            f"{GPU}: clocks held down by {{{{ $labels.reason }}}} for {held}: check cooling, and for a power brake "
+            "the power supplies and the BMC",
+        ),
+        _alert(
+            "GpuPowerCapped",
+            with_serial(
+                f'(gpu_throttle_reason_active{{reason="sw_power_cap"}} == 1) and on ({GPU_KEYS})'
+                f" (gpu_power_watts >= {gpu.power_limit_ratio} * gpu_power_limit_watts)"
+            ),
+            held, "ticket",
+            f"{GPU}: drawing at its power limit with the SW power cap engaged for {held}: clocks are held down by "
+            "power; check gpu_power_limit_watts and airflow",
+        ),
+        _alert(
+            "GpuPcieGenerationBelowMaxUnderLoad",
+            with_serial(
+                'gpu_pcie_link_generation{bound="current"} < ignoring (bound) gpu_pcie_link_generation{bound="max"}'
+                f" and on ({GPU_KEYS}) gpu_utilization_percent > {gpu.busy_utilization_percent}"
+            ),
+            held, "ticket",
+            f"{GPU}: PCIe generation {{{{ $value }}}} below what the slot allows while over "
+            f"{gpu.busy_utilization_percent:g}% busy for {held}: check the slot, riser and BIOS link speed",
+        ),
+        # The GPU guard (gpu_guard.py) took the host out of serving on one of the pages above; a ticket, since that
+        # page has paged, and the host stays out until the GPU is fit and the model answers, or an admin says so.
+        _alert(
+            "GpuGuardDrained",
+            "ironserve_gpu_guard_drained == 1",
+            "0m", "ticket",
+            "{{ $labels.instance }} out of its load balancer, drained by the GPU guard: {{ $labels.device }} serial "
+            "{{ $labels.serial }} {{ $labels.reason }}; it serves again once the GPU is fit and the model answers, "
+            "or after `ironserve-service traffic serving`",
+        ),
+        _alert(
+            "GpuPowerLimitChanged",
+            with_serial("gpu_power_limit_watts != gpu_power_default_limit_watts"),
+            held, "ticket",
+            f"{GPU}: enforced power limit {{{{ $value }}}} W differs from the board default for {held}: restore it "
+            "(nvidia-smi -pl) unless the cap is deliberate",
+        ),
+    ]  # fmt: skip
+
+
+def rules_document(
+    slo: SloSettings, quality: QualitySettings, gpu_health: GpuHealthSettings | None = None
+) -> dict[str, Any]:
     return {
         "groups": [
             {"name": "ironserve-recording", "rules": recording_rules(slo)},
             {"name": "ironserve-slo-alerts", "rules": alerting_rules(slo, quality)},
+            {"name": "ironserve-gpu-health", "rules": gpu_rules(gpu_health or GpuHealthSettings())},
         ]
     }
 
 
-def render_rules(slo: SloSettings, quality: QualitySettings) -> str:
-    return yaml.safe_dump(rules_document(slo, quality), sort_keys=False, width=1000)
+def render_rules(slo: SloSettings, quality: QualitySettings, gpu_health: GpuHealthSettings | None = None) -> str:
+    return yaml.safe_dump(rules_document(slo, quality, gpu_health), sort_keys=False, width=1000)

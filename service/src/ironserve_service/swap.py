@@ -37,6 +37,7 @@ from ironserve_service.control import (
     colour_readiness,
     desired,
     proof_key,
+    traffic_reason,
     traffic_state,
 )
 from ironserve_service.health import marker_pid, pid_alive
@@ -257,7 +258,8 @@ def wait_idle(admin: EnvoyAdmin, cluster: str, idle_s: float, max_s: float, inte
 
 def serving_status(settings: ServiceSettings) -> dict[str, object]:
     """What this host serves now: etcd's active version and colour, whether that colour is ready, and the host's
-    traffic state (control.traffic_state; None when etcd is unreachable).
+    traffic state (control.traffic_state; None when etcd is unreachable) with why it left serving
+    (control.traffic_reason: the GPU guard's reason; None while it serves or when no reason was given).
 
     `ready` is the fast check (ready marker of a live launcher, /health 200), as the control loop uses it; it does
     not depend on the traffic state. The inference role reads this to decide whether a swap is due (a version
@@ -270,13 +272,15 @@ def serving_status(settings: ServiceSettings) -> dict[str, object]:
         "colour": None,
         "ready": False,
         "traffic": None,
+        "traffic_reason": None,
     }
     try:
         snapshot = Etcd(swap_settings.etcd_url, swap_settings.etcd_timeout_s).get_prefix(swap_settings.key_prefix)
     except EtcdError as error:
         return {**status, "reason": f"etcd: {error}"}
     colour, version = desired(swap_settings, snapshot.values)
-    status.update(active=version, colour=colour, traffic=traffic_state(swap_settings, snapshot.values))
+    status.update(active=version, colour=colour, traffic=traffic_state(swap_settings, snapshot.values),
+                  traffic_reason=traffic_reason(swap_settings, snapshot.values))  # fmt: skip
     if colour is None:
         return {**status, "reason": "no colour runs the active version" if version else "nothing active"}
     result = check_colour(settings, colour, full=False)

@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Callable
 
 from ironserve_service import router
-from ironserve_service.control import EnvoyAdmin, Etcd, EtcdError
+from ironserve_service.control import EnvoyAdmin, Etcd, EtcdError, traffic_reason
 from ironserve_service.settings import SwapSettings
 
 # Questions to Envoy while waiting for a state: the reported time has a tenth of a second's resolution.
@@ -71,12 +71,28 @@ def envoy_traffic(swap: SwapSettings) -> tuple[router.Traffic | None, str]:
     return in_force, seen
 
 
+def overwritten(swap: SwapSettings, etcd: Etcd, revision: int) -> str | None:
+    """What became of the traffic key after the write at `revision`: None while that write stands (or etcd cannot
+    say); else the state and reason written since, e.g. by the GPU guard draining a host put back while unfit."""
+    try:
+        snapshot = etcd.get_prefix(swap.key_prefix)
+    except EtcdError:
+        return None
+    if snapshot.mod_revisions.get(swap.traffic_key) == revision:
+        return None
+    reason = traffic_reason(swap, snapshot.values)
+    now = snapshot.values.get(swap.traffic_key)
+    return f"{swap.traffic_key} was written again since: {now}" + (f" ({reason})" if reason else "")
+
+
 def set_traffic(swap: SwapSettings, state: router.Traffic) -> float:
     """Puts the state into etcd and waits up to swap.switch_timeout_s for Envoy to serve it; returns the seconds that
-    took. TrafficError when etcd refuses the write or the state is not in force in time."""
+    took. TrafficError when etcd refuses the write, the key is written again meanwhile, or the state is not in force
+    in time."""
     started = time.monotonic()
+    etcd = Etcd(swap.etcd_url, swap.etcd_timeout_s)
     try:
-        Etcd(swap.etcd_url, swap.etcd_timeout_s).put(swap.traffic_key, state)
+        revision = etcd.put(swap.traffic_key, state)
     except EtcdError as error:
         raise TrafficError(f"{swap.traffic_key} not written: {error}") from error
     seen = ""
@@ -84,6 +100,9 @@ def set_traffic(swap: SwapSettings, state: router.Traffic) -> float:
         served, seen = envoy_traffic(swap)
         if served == state:
             return time.monotonic() - started
+        other = overwritten(swap, etcd, revision)
+        if other is not None:
+            raise TrafficError(f"{state} not in force: {other}")
         time.sleep(TRAFFIC_POLL_S)
     raise TrafficError(
         f"{swap.traffic_key} is {state} in etcd but not in force on Envoy after {swap.switch_timeout_s:g} s ({seen}); "
