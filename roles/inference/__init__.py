@@ -43,7 +43,7 @@ from roles.inference.operations import (
     service_package,
     serving,
 )
-from roles.inference.render import lock_pins, prometheus_config, service_wheel, service_yaml
+from roles.inference.render import PROMETHEUS_EXTENSIONS, lock_pins, prometheus_config, service_wheel, service_yaml
 from roles.inference.render_kubernetes import deploy_objects, host_settings, kubernetes_layout, kubernetes_problems
 from roles.inference.settings import API_KEYS_PATH, CONFIG_PATH, ENGINE_UNIT, RUN_DIR, check_deployable
 
@@ -241,17 +241,19 @@ def _units(config: StackConfig, settings: ServiceSettings, version: str) -> None
         )
 
 
-def _prometheus(settings: ServiceSettings, frozen: bool) -> None:
+def _prometheus(settings: ServiceSettings, host: str, frozen: bool) -> None:
+    for directory in PROMETHEUS_EXTENSIONS.values():
+        owned_directory(name=f"Prometheus reads {directory}/", path=directory, clear_immutable=frozen)
     owned_file(
         name="SLO recording and alerting rules",
         path=PROMETHEUS_RULES,
-        content=render_rules(settings.slo, settings.quality),
+        content=render_rules(settings.slo, settings.quality, settings.gpu_health),
         clear_immutable=frozen,
     )
     owned_file(
         name="Prometheus scrape jobs",
         path=PROMETHEUS_CONFIG,
-        content=prometheus_config(settings, PROMETHEUS_RULES),
+        content=prometheus_config(settings, PROMETHEUS_RULES, host),
         clear_immutable=frozen,
     )
     unmasked(name="Prometheus not masked", unit="prometheus.service")
@@ -421,7 +423,7 @@ def inference(config: StackConfig, run: HostRun) -> None:
             written={str(path): text for path, text in router_files.items()} if router_files else None,
         )
     if config.inference.prometheus:
-        _prometheus(settings, config.clear_immutable)
+        _prometheus(settings, config.host, config.clear_immutable)
 
     serving(
         name=f"Serve {config.inference.model_name} {version} (blue/green swap when it changes)",

@@ -127,13 +127,31 @@ def service_yaml(settings: ServiceSettings) -> str:
     return "# Managed by ironserve (roles/inference)\n" + yaml.safe_dump(settings.model_dump(mode="json"))
 
 
-def prometheus_config(settings: ServiceSettings, rules_file: str) -> str:
-    """Scrape jobs for the exporter, both colours' vLLM /metrics and Envoy; the SLO rules file."""
+# Prometheus' extension directories: other roles (monitoring) drop rules, scrape targets, hosts to probe and
+# Alertmanagers there; Prometheus re-reads the discovery files by itself and the rules at start.
+PROMETHEUS_EXTENSIONS = {
+    "rules": "/etc/prometheus/rules.d",
+    "targets": "/etc/prometheus/targets.d",
+    "probes": "/etc/prometheus/probes.d",
+    "alertmanagers": "/etc/prometheus/alertmanagers.d",
+}
+
+
+def prometheus_config(settings: ServiceSettings, rules_file: str, host: str) -> str:
+    """Scrape jobs for the exporter, both colours' vLLM /metrics and Envoy; the SLO rules file; every alert labelled
+    with the host it comes from (`host`, the inventory's name); the extension directories' rules, targets, probed
+    hosts (only their `up` is kept) and Alertmanagers."""
     swap = settings.swap
     job = settings.slo.job
+    extensions = PROMETHEUS_EXTENSIONS
+
+    def discovered(kind: str) -> list[dict[str, list[str]]]:
+        return [{"files": [f"{extensions[kind]}/*.yml"]}]
+
     config: dict[str, Any] = {
-        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
-        "rule_files": [rules_file],
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s", "external_labels": {"host": host}},
+        "rule_files": [rules_file, f"{extensions['rules']}/*.yml"],
+        "alerting": {"alertmanagers": [{"file_sd_configs": discovered("alertmanagers")}]},
         "scrape_configs": [
             {
                 "job_name": job,
@@ -149,6 +167,13 @@ def prometheus_config(settings: ServiceSettings, rules_file: str) -> str:
                 "job_name": "envoy",
                 "metrics_path": "/stats/prometheus",
                 "static_configs": [{"targets": [f"127.0.0.1:{swap.admin_port}"]}],
+            },
+            # A discovery file's own `job` label names its targets' job (the node exporter's: node).
+            {"job_name": "targets", "file_sd_configs": discovered("targets")},
+            {
+                "job_name": "probes",
+                "file_sd_configs": discovered("probes"),
+                "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": ".+", "action": "drop"}],
             },
         ],
     }

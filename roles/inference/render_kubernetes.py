@@ -50,7 +50,22 @@ def host_settings(config: StackConfig) -> ServiceSettings:
     """This host's service settings (service.yaml), with the kubernetes layout in kubernetes mode."""
     security = config.security
     layout = kubernetes_layout(config) if config.inference.mode == "kubernetes" else None
-    return config.inference.service_settings(security.model_dir, security.group, security.slice, layout)
+    return config.inference.service_settings(
+        security.model_dir, security.group, security.slice, layout, gpu_layout(config)
+    )
+
+
+def gpu_layout(config: StackConfig) -> dict[str, Any] | None:
+    """The GPU health watch's expectations from the hardware profile: every installed GPU on the bus, the serving ones
+    (lowest slots first, NVML's order) at their full width; None for a profile that states no hardware."""
+    hardware = config.profile.hardware
+    if hardware is None:
+        return None
+    return {
+        "expected_gpus": hardware.gpus_installed,
+        "expected_pcie_width": hardware.serving_width,
+        "full_width_devices": list(range(hardware.serving_gpus)) or None,
+    }
 
 
 def deploy_objects(config: StackConfig) -> list[manifests.Manifest]:

@@ -437,11 +437,13 @@ class InferenceSettings(RoleSettings):
         service_group: str,
         service_slice: str,
         kubernetes_layout: dict[str, Any] | None = None,
+        gpu_layout: dict[str, Any] | None = None,
     ) -> ServiceSettings:
         """The host's service.yaml: the role's layout plus the inventory's overrides.
 
         `kubernetes_layout`: the kubernetes section's derived keys (GPUs, seccomp profile, capabilities), given
-        in kubernetes mode."""
+        in kubernetes mode. `gpu_layout`: the gpu_health section's defaults from the hardware profile (the GPUs
+        installed, the serving ones and their width), which the inventory's own gpu_health keys override."""
         models_root = Path(self.models_root_path(security_model_dir))
         venv = Path(self.venv)
         overrides = self.service
@@ -470,6 +472,8 @@ class InferenceSettings(RoleSettings):
         data["chaos"] = {**data.get("chaos", {}), "slice": service_slice}
         if kubernetes_layout is not None:
             data["kubernetes"] = {**data.get("kubernetes", {}), **kubernetes_layout}
+        if gpu_layout is not None:
+            data["gpu_health"] = {**gpu_layout, **data.get("gpu_health", {})}
         return ServiceSettings.model_validate(data)
 
 

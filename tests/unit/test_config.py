@@ -237,6 +237,14 @@ PINNED_ROLE_KEYS = {
         cluster_addons_linkerd_chart_repo cluster_addons_linkerd_chart_version cluster_addons_linkerd_trust_anchor
         cluster_addons_stream_idle_timeout_s cluster_addons_tls_dns_names
     """,
+    "monitoring": """
+        monitoring_alertmanager monitoring_alertmanager_urls monitoring_alertmanager_port
+        monitoring_node_exporter_port monitoring_watch_hosts monitoring_webhook_urls monitoring_allow_plain_http
+        monitoring_email_to monitoring_email_from monitoring_smtp_smarthost monitoring_smtp_username
+        monitoring_smtp_password_env monitoring_pagerduty monitoring_pagerduty_routing_key_env monitoring_group_by
+        monitoring_group_wait monitoring_group_interval monitoring_repeat_interval monitoring_grafana
+        monitoring_disk_free_min_ratio
+    """,
     "inference": """
         inference_allow_plain_http inference_engine_environment inference_listen_address inference_mode
         inference_model_name

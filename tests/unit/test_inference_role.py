@@ -138,7 +138,7 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yml"
     rules.write_text(render_rules(settings.slo, settings.quality))
     path = tmp_path / "prometheus.yml"
-    path.write_text(prometheus_config(settings, str(rules)))
+    path.write_text(prometheus_config(settings, str(rules), "gpu1"))
     result = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout

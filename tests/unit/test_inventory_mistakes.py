@@ -486,7 +486,9 @@ ONE_PLAN = "accepted: one port per listener on a host"
 BOOLEAN = "a boolean is not a number"
 NOT_DURATION = "is not a Prometheus duration"
 OFFLOAD = "CPU offload is not allowed"
-ALL_SECTIONS = "accepted: chaos, engine, exporter, kubernetes, quality, readiness, release, scaler, slo, swap"
+ALL_SECTIONS = (
+    "accepted: chaos, engine, exporter, gpu_health, kubernetes, quality, readiness, release, scaler, slo, swap"
+)
 
 
 def _service(section: str, values: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -494,6 +496,30 @@ def _service(section: str, values: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 # (class, case): the class names what the closing note counts.
+MONITORING: list[Case] = [
+    ("monitoring_alertmanager", "yes please", ("valid boolean",)),
+    ("monitoring_alertmanager_urls", ["http://10.0.0.5:9093/alertmanager"], ("has a path", "Alertmanager's root")),
+    ("monitoring_alertmanager_port", 0, ("greater than or equal to 1",)),
+    ("monitoring_node_exporter_port", 70000, ("less than or equal to 65535",)),
+    ("monitoring_watch_hosts", {"gpu2": "10.0.0.7 && reboot"}, ("gpu2", "not a host name")),
+    ("monitoring_webhook_urls", ["https://ops:hunter2@chat.example.internal/hook"], ("credential",)),
+    ("monitoring_allow_plain_http", "http://chat.example.internal/hook", ("valid tuple",)),
+    ("monitoring_email_to", ["oncall"], ("one e-mail address",)),
+    ("monitoring_email_from", "alerts at example.com", ("one e-mail address",)),
+    ("monitoring_smtp_smarthost", "smtp.example.com", ("HOST:PORT",)),
+    ("monitoring_smtp_username", "ops team", ("pattern",)),
+    ("monitoring_smtp_password_env", "smtp-password", ("environment variable name",)),
+    ("monitoring_pagerduty", "maybe", ("valid boolean",)),
+    ("monitoring_pagerduty_routing_key_env", "$KEY", ("environment variable name",)),
+    ("monitoring_group_by", ["host", "team"], ("team", "accepted")),
+    ("monitoring_group_wait", "30 seconds", ("not a duration", "30s")),
+    ("monitoring_group_interval", "-5m", ("not a duration",)),
+    ("monitoring_repeat_interval", "0s", ("not a duration",)),
+    ("monitoring_grafana", "on-site", ("valid boolean",)),
+    ("monitoring_disk_free_min_ratio", 10, ("less than 1",)),
+]
+
+
 SILENT_TYPES: list[Case] = [
     ("ironserve_reboot_timeout_s", True, (BOOLEAN, "600")),
     ("bios_apply_timeout_s", True, (BOOLEAN,)),
@@ -565,7 +591,16 @@ PLAIN_HTTP: list[Case] = [
 
 ROUND_TWO = SILENT_TYPES + PORTS_ON_ONE_HOST + LISTEN_ADDRESSES + SECRETS_ECHOED + UNHELPFUL_MESSAGES + PLAIN_HTTP
 CASES = (
-    SECURITY + HOST_TUNING + CONTAINER_RUNTIME + KUBERNETES + CLUSTER_ADDONS + INFERENCE + PREFLIGHT + BIOS + NVIDIA
+    SECURITY
+    + HOST_TUNING
+    + CONTAINER_RUNTIME
+    + KUBERNETES
+    + CLUSTER_ADDONS
+    + MONITORING
+    + INFERENCE
+    + PREFLIGHT
+    + BIOS
+    + NVIDIA
 ) + ROUND_TWO
 
 

@@ -179,10 +179,10 @@ def diffing() -> FakeState:
     return state
 
 
-def upload_host(remote: dict[str, Any] | None, digest: str | None = None) -> LoggingHost:
-    facts: dict[Any, Any] = {fact_key(File, (), {"path": APT_AUTH}): remote}
+def upload_host(remote: dict[str, Any] | None, digest: str | None = None, path: str = APT_AUTH) -> LoggingHost:
+    facts: dict[Any, Any] = {fact_key(File, (), {"path": path}): remote}
     if remote:
-        facts[fact_key(Sha256File, (), {"path": APT_AUTH})] = digest
+        facts[fact_key(Sha256File, (), {"path": path})] = digest
     return LoggingHost(facts)
 
 
@@ -228,6 +228,25 @@ def test_secret_upload_changes_nothing_when_digest_and_mode_match(tmp_path: Path
         f"chown root:root {APT_AUTH}",
     ]
     assert_no_sentinel(host.noops, loose.logged)
+
+
+def test_secret_upload_of_bytes_for_a_service_group_is_0640_before_it_is_moved_into_place() -> None:
+    key = "/etc/prometheus/alertmanager-pagerduty.key"
+    staged = f"{key}.ironserve-new"
+    host = upload_host(None, path=key)
+    commands = run_operation(secret_upload, host, diffing(), src=TOKEN_SENTINEL.encode(), dest=key, group="prometheus")
+    assert commands == [
+        "mkdir -p /etc/prometheus",
+        f"rm -f {staged} && umask 077 && install -m 600 -o root -g root /dev/null {staged}",
+        {"upload": staged, "content": TOKEN_SENTINEL},
+        f"chown root:prometheus {staged} && chmod 640 {staged}",
+        f"mv -f {staged} {key}",
+    ]
+    assert_no_sentinel(commands[:2], commands[3:], host.logged)
+    digest = hashlib.sha256(TOKEN_SENTINEL.encode()).hexdigest()
+    same = upload_host({**ROOT_0600, "mode": 640, "group": "prometheus"}, digest, key)
+    assert run_operation(secret_upload, same, src=TOKEN_SENTINEL.encode(), dest=key, group="prometheus") == []
+    assert same.noops == [f"{key} holds the secret, root:prometheus 0640 (content not shown)"]
 
 
 def test_secret_upload_refuses_privilege_escalation(tmp_path: Path) -> None:
