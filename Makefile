@@ -34,11 +34,10 @@ lab-test: setup kubernetes-build
 service-test: setup
 	cd service && python -m pytest -q
 
-# The slowest tests are listed at the end of each tier, so a CI log shows where its time went.
+# The tiers in two lanes (scripts/test.sh): the unit and service tests beside the lab's VM modules, then the
+# container modules; the slowest tests are listed at the end of each, so a CI log shows where its time went.
 test: lint kubernetes-build
-	python -m pytest -q --durations=30 tests/unit tests/lab
-	cd service && python -m pytest -q --durations=15
-	ironserve coverage
+	@bash scripts/test.sh
 
 coverage: setup
 	ironserve coverage --missing

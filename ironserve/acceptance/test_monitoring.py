@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import time
 from typing import Any
 
 import pytest
@@ -21,11 +22,12 @@ from roles.monitoring.render import (
     PAGERDUTY_KEY_FILE,
     SERVICE_GROUP,
     SMTP_PASSWORD_FILE,
-    alertmanager_config,
+    loaded_differences,
 )
 from roles.monitoring.render_dashboards import rendered_files
 
 PROMETHEUS = "http://127.0.0.1:9090"
+FIRST_SCRAPE_S = 30
 
 
 def _get(host: Any, url: str) -> Any:
@@ -49,9 +51,14 @@ def test_daemons_run_enabled_without_admin_drop_ins(host: Any, config: StackConf
     assert service.is_running and service.is_enabled and found == []
 
 
-def test_node_exporter_publishes_the_host_dimension(host: Any, config: StackConfig, observe: Any) -> None:
+def test_node_exporter_publishes_the_host_dimension(
+    host: Any, config: StackConfig, container_kind: str | None, observe: Any
+) -> None:
     text = _get(host, f"http://127.0.0.1:{config.monitoring.node_exporter_port}/metrics")
-    wanted = ["node_filesystem_avail_bytes", "node_timex_sync_status", "node_network_receive_errs_total"]
+    wanted = ["node_timex_sync_status", "node_network_receive_errs_total", "node_memory_MemAvailable_bytes"]
+    # A container's root is its runtime's overlay, which the node exporter leaves out by design (its default
+    # --collector.filesystem.fs-types-exclude); a host's own file systems are there.
+    wanted += [] if container_kind else ["node_filesystem_avail_bytes"]
     missing = [name for name in wanted if f"\n{name}{{" not in text and f"\n{name} " not in text]
     observe(f"missing {missing or 'none'}")
     assert not missing
@@ -66,13 +73,9 @@ def test_alertmanager_runs_the_rendered_routes_receivers_and_inhibitions(
         pytest.skip("monitoring_alertmanager is off on this host")
     status = _get(host, f"http://127.0.0.1:{settings.alertmanager_port}/api/v2/status")
     loaded = yaml.safe_load(status["config"]["original"])
-    receivers = {r["name"]: sorted(k for k in r if k.endswith("_configs")) for r in loaded["receivers"]}
+    receivers = {r["name"]: sorted(k for k in r if k.endswith("_configs") and r[k]) for r in loaded["receivers"]}
     observe(f"receivers {receivers}; inhibit {len(loaded.get('inhibit_rules', []))}; cluster {status['cluster']}")
-    expected = yaml.safe_load(alertmanager_config(settings))
-    assert {r["name"]: r for r in loaded["receivers"]} == {r["name"]: r for r in expected["receivers"]}
-    assert loaded["route"]["routes"] == expected["route"]["routes"]
-    assert loaded["inhibit_rules"] == expected["inhibit_rules"]
-    assert loaded["route"]["group_by"] == expected["route"]["group_by"]
+    assert loaded_differences(loaded, settings) == []
     assert not status["cluster"].get("peers")
     assert ("pagerduty_configs" in receivers["page"]) == settings.pagerduty
 
@@ -111,8 +114,14 @@ def test_prometheus_evaluates_the_host_rules_and_scrapes_the_node_exporter(
 ) -> None:
     groups = _get(host, f"{PROMETHEUS}/api/v1/rules")["data"]["groups"]
     host_rules = sorted(r["name"] for g in groups if g["name"] == "ironserve-host" for r in g["rules"])
-    targets = _get(host, f"{PROMETHEUS}/api/v1/targets")["data"]["activeTargets"]
-    node = [t["health"] for t in targets if t["labels"].get("job") == "node"]
+    # Right after a deploy a target is "unknown" until its first scrape (every 5 s, file discovery at once).
+    deadline = time.monotonic() + FIRST_SCRAPE_S
+    while True:
+        targets = _get(host, f"{PROMETHEUS}/api/v1/targets")["data"]["activeTargets"]
+        node = [t["health"] for t in targets if t["labels"].get("job") == "node"]
+        if "unknown" not in node or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     probes = {t["labels"].get("host"): t["health"] for t in targets if t["labels"].get("job") == "host-probe"}
     observe(f"host rules {host_rules}; node exporter {node}; watched {probes}")
     assert "HostDown" in host_rules and node == ["up"]

@@ -176,3 +176,30 @@ def grafana_provider() -> str:
         "options": {"path": GRAFANA_DASHBOARDS},
     }
     return _dump({"apiVersion": 1, "providers": [provider]})
+
+
+def loaded_differences(loaded: dict[str, Any], settings: MonitoringSettings) -> list[str]:
+    """How the configuration Alertmanager reports in force (/api/v2/status, its own YAML with its defaults filled in
+    and secrets shown as <secret>) differs from what these settings render: receivers and their integrations,
+    routes, grouping and inhibitions. Empty when it runs what the role wrote."""
+    expected = yaml.safe_load(alertmanager_config(settings))
+
+    def integrations(config: dict[str, Any]) -> dict[str, dict[str, int]]:
+        return {
+            r["name"]: {k: len(v) for k, v in r.items() if k.endswith("_configs") and v} for r in config["receivers"]
+        }
+
+    def route(config: dict[str, Any]) -> tuple[Any, ...]:
+        top = config["route"]
+        children = [(r["receiver"], r.get("matchers")) for r in top.get("routes", [])]
+        return (top["receiver"], top["group_by"], top["group_wait"], top["group_interval"], top["repeat_interval"],
+                children)  # fmt: skip
+
+    def inhibitions(config: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [(r.get("source_matchers"), r.get("target_matchers"), r.get("equal")) for r in config["inhibit_rules"]]
+
+    problems = []
+    for what, read in (("receivers", integrations), ("route", route), ("inhibitions", inhibitions)):
+        if read(loaded) != read(expected):
+            problems.append(f"{what}: in force {read(loaded)}, rendered {read(expected)}")
+    return problems

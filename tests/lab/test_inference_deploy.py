@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,9 @@ from ironserve_lab import remote
 from ironserve_lab.demo import api_key, chat_completion, listener_url
 from ironserve_lab.deploying import DeployResult, deploy, verify
 from ironserve_lab.inference import ENGINE_ENVIRONMENT, SERVICE_OVERRIDES, inventory_data, model_versions
+from ironserve_lab.network import GATEWAY
 from ironserve_lab.state import LabHost
+from ironserve_lab.webhook import WebhookReceiver
 from roles import stack_config
 from roles.inference import PORTS_SYSCTL_FILE, UNIT_DIR
 from roles.inference.operations import model_version_dir, parse_port_list
@@ -327,8 +330,9 @@ def test_a_version_and_settings_change_is_a_hot_swap_under_load_and_a_rollback_s
     assert complete(served)[:2] == (200, first["colour"])
 
 
-# The fleet of the model rollout and drain tests: the serving host with the service, and a second host with
-# host_tuning alone, which keeps each of them to one swap or none.
+# The fleet of the model rollout and drain tests: the serving host with the service, and the fleet's second host with
+# host_tuning alone (it serves on, untouched by the rollout's traffic steps), which keeps each of them to one swap or
+# none.
 ROLLOUT_INVENTORY = """\
 from ironserve.inventory import site
 from ironserve_lab.inventory import lab_groups
@@ -428,23 +432,23 @@ def _rollout(inventory: Path, reports: Path, *args: str) -> subprocess.Completed
 
 
 def test_a_model_rollout_drains_the_host_behind_its_balancer_swaps_proves_and_returns_it(
-    served: LabHost, tmp_path: Path
+    fleet: list[LabHost], tmp_path: Path
 ) -> None:
     """The fleet-wide model rollout: the inventory names the other version; the serving host is drained (its /health
     says draining while requests still finish), swapped by its deploy, proven by the gate through its Envoy and
     returned, then the next host. A balancer that follows /health sends work all along: none fails."""
+    served, other = fleet[:2]
     before = _status(served)
     source = next(path for path in model_versions().values() if release_version(path) != before["active"])
     inventory = tmp_path / "fleet.py"
-    with lab_containers(1) as (other,):
-        served_data = {"ironserve_roles": list(ROLES), "inference_model_source": str(source)}
-        inventory.write_text(ROLLOUT_INVENTORY.format(served=served.name, other=other.name, served_data=served_data))
-        with Balancer(served) as balancer:
-            done = _rollout(inventory, tmp_path / "reports", "--order", served.name)
-            time.sleep(2)  # the balancer sees the host back and sends to it again
-        print(done.stdout)
-        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-        record = json.loads((tmp_path / "reports" / "rollout.json").read_text())
+    served_data = {"ironserve_roles": list(ROLES), "inference_model_source": str(source)}
+    inventory.write_text(ROLLOUT_INVENTORY.format(served=served.name, other=other.name, served_data=served_data))
+    with Balancer(served) as balancer:
+        done = _rollout(inventory, tmp_path / "reports", "--order", served.name)
+        time.sleep(2)  # the balancer sees the host back and sends to it again
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "reports" / "rollout.json").read_text())
     host = record["hosts"][served.name]
     failed = [status for _, status in balancer.outcomes if status != 200]
     health = balancer.health[served.name]
@@ -466,30 +470,30 @@ def test_a_model_rollout_drains_the_host_behind_its_balancer_swaps_proves_and_re
 
 
 def test_a_drain_that_cannot_finish_returns_the_host_unchanged_and_stops_the_rollout(
-    served: LabHost, tmp_path: Path
+    fleet: list[LabHost], tmp_path: Path
 ) -> None:
     """A request the engine never finishes (its processes stopped, as a hung GPU would hold it): the drain gives up
     after --drain-timeout, the host serves again exactly as it was, and the next host is never contacted."""
+    served, other = fleet[:2]
     colour = _status(served)["colour"]
     inventory = tmp_path / "fleet.py"
-    with lab_containers(1) as (other,):
-        served_data = {"ironserve_roles": list(ROLES)}
-        inventory.write_text(ROLLOUT_INVENTORY.format(served=served.name, other=other.name, served_data=served_data))
-        before = remote.run(served, HOST_SNAPSHOT)
-        other_before = remote.run(other, "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum")
-        remote.run(served, f"systemctl kill --signal=SIGSTOP ai-service@{colour}.service")
-        held: list[tuple[int, str, str]] = []
-        request = threading.Thread(target=lambda: held.append(complete(served, timeout_s=300)))
-        try:
-            request.start()
-            time.sleep(1)
-            stopped = _rollout(inventory, tmp_path / "reports", "--order", served.name, "--drain-timeout", "3")
-        finally:
-            remote.run(served, f"systemctl kill --signal=SIGCONT ai-service@{colour}.service")
-            request.join(timeout=300)
-        print(stopped.stdout)
-        record = json.loads((tmp_path / "reports" / "rollout.json").read_text())
-        assert remote.run(other, "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum") == other_before
+    served_data = {"ironserve_roles": list(ROLES)}
+    inventory.write_text(ROLLOUT_INVENTORY.format(served=served.name, other=other.name, served_data=served_data))
+    before = remote.run(served, HOST_SNAPSHOT)
+    other_before = remote.run(other, "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum")
+    remote.run(served, f"systemctl kill --signal=SIGSTOP ai-service@{colour}.service")
+    held: list[tuple[int, str, str]] = []
+    request = threading.Thread(target=lambda: held.append(complete(served, timeout_s=300)))
+    try:
+        request.start()
+        time.sleep(1)
+        stopped = _rollout(inventory, tmp_path / "reports", "--order", served.name, "--drain-timeout", "3")
+    finally:
+        remote.run(served, f"systemctl kill --signal=SIGCONT ai-service@{colour}.service")
+        request.join(timeout=300)
+    print(stopped.stdout)
+    record = json.loads((tmp_path / "reports" / "rollout.json").read_text())
+    assert remote.run(other, "find /etc -xdev -type f -print0 | sort -z | xargs -0 sha256sum") == other_before
     assert stopped.returncode == 1, stopped.stdout[-6000:] + stopped.stderr[-3000:]
     host = record["hosts"][served.name]
     assert (host["phase"], host["result"]) == ("drain", "returned"), host
@@ -582,3 +586,124 @@ def test_a_rollout_through_four_serving_hosts_under_load_keeps_three_serving_sto
     assert balancer.fewest_serving() >= 3
     assert all(balancer.ready(host) == [True, False, True] for host in fleet), balancer.health
     assert all(served_by.values()), served_by
+
+
+# roles/monitoring over the serving fleet: the first host runs Alertmanager with a webhook to a receiver on this
+# machine (the lab bridge's address) and watches the others' node exporters; the others send it their alerts.
+MONITORING_INVENTORY = """\
+from ironserve.inventory import site
+from ironserve_lab.inventory import lab_groups
+
+_containers, _ = lab_groups()
+_data = dict(_containers)
+fleet = site([(name, {{**_data[name], **extra}}) for name, extra in {hosts!r}])
+"""
+HOST_DOWN_AFTER_S = 240  # HostDown's `for: 1m`, probes and evaluations every 5 s, a loaded machine
+
+
+def _alertmanager_alerts(host: LabHost, name: str) -> list[dict[str, Any]]:
+    """The alerts named `name` Alertmanager holds, with their state (active or suppressed and by what)."""
+    url = "http://127.0.0.1:9093/api/v2/alerts?" + urllib.parse.urlencode({"filter": f'alertname="{name}"'})
+    code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+    return list(json.loads(remote.run(host, f"python3 -c {shlex.quote(code)}")))
+
+
+def _wait_for(what: str, check: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
+        time.sleep(2)
+    return found
+
+
+def test_a_stopped_engine_pages_once_and_resolves_and_a_silent_host_pages_host_down_alone(
+    fleet: list[LabHost], tmp_path: Path
+) -> None:
+    """The real Prometheus of each host, the real Alertmanager of the first and a webhook receiver: a stopped engine
+    reaches the receiver as one notification of its host's paging group and resolves when the engine runs again; a
+    host whose node exporter stops answering raises HostDown on the first host, and its own alert that follows (its
+    engine stopped too) is held back by the inhibition, never notified."""
+    watcher, stopped, silent = fleet[:3]
+    with WebhookReceiver(str(GATEWAY)) as receiver:
+        first = {
+            "ironserve_roles": ["monitoring"],
+            "monitoring_webhook_urls": [receiver.url],
+            "monitoring_allow_plain_http": [receiver.url],
+            "monitoring_group_wait": "2s",
+            "monitoring_group_interval": "5s",
+            "monitoring_watch_hosts": {host.name: host.ssh_address for host in fleet[1:]},
+        }
+        others = {
+            "ironserve_roles": ["monitoring"],
+            "monitoring_alertmanager": False,
+            "monitoring_alertmanager_urls": [f"http://{watcher.ssh_address}:9093"],
+        }
+        inventory = tmp_path / "monitoring.py"
+        hosts = [(watcher.name, first), *((host.name, others) for host in fleet[1:])]
+        inventory.write_text(MONITORING_INVENTORY.format(hosts=hosts))
+        started = time.monotonic()
+        installed = _deployed(deploy(fleet, inventory=str(inventory)))
+        print(f"monitoring on {len(fleet)} hosts: {time.monotonic() - started:.1f} s, {installed.changed} changes")
+        again = _deployed(deploy(fleet, inventory=str(inventory)))
+        assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
+        gate = verify(fleet, "-q", "-rfE", inventory=str(inventory))
+        print(gate.stdout[-3000:])
+        assert gate.returncode == 0, gate.stdout[-6000:] + gate.stderr[-2000:]
+
+        engines = {host.name: f"ai-service@{_status(host)['colour']}.service" for host in (stopped, silent)}
+        try:
+            caused = time.monotonic()
+            remote.run(stopped, f"systemctl stop {engines[stopped.name]}")
+            remote.run(silent, "systemctl stop prometheus-node-exporter.service")
+            _wait_for("HostDown", lambda: _alertmanager_alerts(watcher, "HostDown"), HOST_DOWN_AFTER_S)
+            remote.run(silent, f"systemctl stop {engines[silent.name]}")
+            engine_down = _wait_for(
+                "the paging notification of the stopped engine",
+                lambda: _notified(receiver, stopped, "ServingEngineDown", "firing"),
+                HOST_DOWN_AFTER_S,
+            )
+            print(f"paged {time.monotonic() - caused:.0f} s after the causes")
+            remote.run(stopped, f"systemctl start {engines[stopped.name]}")
+            suppressed = _wait_for(
+                f"ServingEngineDown of {silent.name} in Alertmanager",
+                lambda: [a for a in _alertmanager_alerts(watcher, "ServingEngineDown")
+                         if a["labels"]["host"] == silent.name],
+                HOST_DOWN_AFTER_S,
+            )  # fmt: skip
+            resolved = _wait_for(
+                "the resolved notification",
+                lambda: _notified(receiver, stopped, "ServingEngineDown", "resolved"),
+                HOST_DOWN_AFTER_S,
+            )
+            print(f"resolved {time.monotonic() - caused:.0f} s after the causes")
+        finally:
+            remote.run(stopped, f"systemctl start {engines[stopped.name]}")
+            remote.run(silent, f"systemctl start prometheus-node-exporter.service {engines[silent.name]}")
+    everything = list(receiver.notifications)
+    shown = [(n["status"], n["groupLabels"], sorted(a["labels"]["alertname"] for a in n["alerts"])) for n in everything]
+    print(f"notifications: {shown}")
+    # The stopped engine: one paging notification of its host's group, then the group resolved.
+    firing = engine_down[0]
+    assert (firing["receiver"], firing["groupLabels"]) == ("page", {"host": stopped.name, "severity": "page"})
+    assert {a["labels"]["host"] for a in firing["alerts"]} == {stopped.name}
+    down = next(a for a in firing["alerts"] if a["labels"]["alertname"] == "ServingEngineDown")
+    assert "the engine Envoy routes to does not answer" in down["annotations"]["summary"]
+    assert len(_notified(receiver, stopped, "ServingEngineDown", "firing")) == 1
+    assert resolved[0]["groupLabels"] == firing["groupLabels"]
+    # The silent host: HostDown alone; its own alerts are held by the inhibition, never notified.
+    of_silent = [
+        a["labels"]["alertname"] for n in everything for a in n["alerts"] if a["labels"]["host"] == silent.name
+    ]
+    assert of_silent and set(of_silent) == {"HostDown"}
+    assert suppressed[0]["status"]["state"] == "suppressed" and suppressed[0]["status"]["inhibitedBy"]
+
+
+def _notified(receiver: WebhookReceiver, host: LabHost, alert: str, status: str) -> list[dict[str, Any]]:
+    """The notifications of `status` for `host`'s group that carry `alert`."""
+    return [
+        note
+        for note in receiver.notifications
+        if note["status"] == status
+        and note["groupLabels"].get("host") == host.name
+        and any(a["labels"]["alertname"] == alert for a in note["alerts"])
+    ]

@@ -31,6 +31,7 @@ from roles.monitoring.render import (
     alertmanagers,
     grafana_provider,
     host_rules,
+    loaded_differences,
     watched_hosts,
 )
 from roles.monitoring.settings import MonitoringSettings
@@ -227,14 +228,18 @@ def free_port() -> int:
         return port
 
 
-@contextlib.contextmanager
-def running_alertmanager(tmp_path: Path, hook: str) -> Iterator[str]:
-    chosen = settings(
+def fast(hook: str) -> MonitoringSettings:
+    return settings(
         monitoring_webhook_urls=[hook],
         monitoring_allow_plain_http=[hook],
         monitoring_group_wait="1s",
         monitoring_group_interval="1s",
     )
+
+
+@contextlib.contextmanager
+def running_alertmanager(tmp_path: Path, hook: str) -> Iterator[str]:
+    chosen = fast(hook)
     path = tmp_path / "alertmanager.yml"
     path.write_text(alertmanager_config(chosen))
     port = free_port()
@@ -282,6 +287,11 @@ def alert(name: str, host: str, severity: str, resolved: bool = False) -> dict[s
 @pytest.mark.skipif(ALERTMANAGER is None, reason="Alertmanager absent (apt-get install prometheus-alertmanager)")
 def test_the_real_alertmanager_groups_routes_inhibits_and_resolves(tmp_path: Path) -> None:
     with WebhookReceiver() as receiver, running_alertmanager(tmp_path, receiver.url) as url:
+        # What the gate reads: the configuration in force, as Alertmanager reports it (its defaults filled in).
+        status = json.load(urllib.request.urlopen(f"{url}/api/v2/status", timeout=5))
+        loaded = yaml.safe_load(status["config"]["original"])
+        assert loaded_differences(loaded, fast(receiver.url)) == []
+        assert loaded_differences(loaded, fast(receiver.url).model_copy(update={"group_by": ("host",)})) != []
         # gpu1: two paging alerts at once; gpu2: HostDown with an alert of the same host it silences.
         post_alerts(url, [alert("ServingEngineDown", "gpu1", "page"), alert("LatencyTailAndErrors", "gpu1", "page"),
                           alert("HostDown", "gpu2", "page"), alert("ServingEngineDown", "gpu2", "page"),
