@@ -501,8 +501,10 @@ def test_a_failed_release_check_refuses_the_swap(stack: Stack) -> None:
 # between -7 % and +407 % here).
 CHAOS = {"enabled": True, "users": 8, "warmup_s": 5, "load_s": 20, "settle_s": 2, "min_requests": 100,
          "vm_workers": 4 * (os.cpu_count() or 1), "vm_bytes": "128M"}  # fmt: skip
-# The engine's stall while stress-ng runs: frozen this long, then running as long, over and over.
-STALL_S = 0.4
+# The engine's stall while stress-ng runs: frozen this long, then running as long, over and over. A second stands
+# above a loaded machine's noise: 0.4 s moved the P99 only +14 % (490 to 560 ms) with the lab's VMs running beside
+# it (make test's lanes), where 1 s was refused.
+STALL_S = 1.0
 
 
 @contextlib.contextmanager
