@@ -18,7 +18,10 @@ stamp "lane 1: the lab's VM modules; lane 2: unit, then service tests"
 python -m pytest -q --durations=30 -m vm tests/lab >"$logs/vm" 2>&1 &
 vm_pid=$!
 (
-  python -m pytest -q --durations=15 tests/unit && cd service && python -m pytest -q --durations=15
+  python -m pytest -q --durations=15 tests/unit
+  unit=$?
+  cd service && python -m pytest -q --durations=15
+  exit $((unit | $?))
 ) >"$logs/unit-service" 2>&1
 unit_service=$?
 stamp "lane 2 ended (exit $unit_service)"
