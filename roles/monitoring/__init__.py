@@ -82,6 +82,21 @@ def _secrets(config: StackConfig) -> None:
             )
 
 
+def _daemon(what: str, unit: str, files: dict[str, str], frozen: bool, check: str | None = None) -> None:
+    """A Debian daemon run from `files` (its configuration, its defaults file's arguments): written, the unit running
+    and enabled, restarted only when a file changed since it started (after `check` passes)."""
+    for path, content in files.items():
+        owned_file(name=f"{what}: {path}", path=path, content=content, clear_immutable=frozen)
+    unmasked(name=f"{what} not masked", unit=unit)
+    service_state(name=what, unit=unit)
+    restarted_when_stale(
+        name=f"{what} runs its current files" + (" (checked first)" if check else ""),
+        unit=unit,
+        inputs=list(files),
+        check=check,
+    )
+
+
 @deploy("Monitoring")
 def monitoring(config: StackConfig, run: HostRun) -> None:
     settings = config.monitoring
@@ -91,39 +106,14 @@ def monitoring(config: StackConfig, run: HostRun) -> None:
         packages=["prometheus-node-exporter", *(["prometheus-alertmanager"] if settings.alertmanager else [])],
         recommends=False,
     )
-    owned_file(
-        name="Node exporter's arguments",
-        path=NODE_EXPORTER_DEFAULTS,
-        content=node_exporter_arguments(settings),
-        clear_immutable=frozen,
-    )
-    unmasked(name="Node exporter not masked", unit=NODE_EXPORTER_UNIT)
-    service_state(name="Node exporter", unit=NODE_EXPORTER_UNIT)
-    restarted_when_stale(
-        name="Node exporter runs its current arguments", unit=NODE_EXPORTER_UNIT, inputs=[NODE_EXPORTER_DEFAULTS]
-    )
+    _daemon("Node exporter", NODE_EXPORTER_UNIT, {NODE_EXPORTER_DEFAULTS: node_exporter_arguments(settings)}, frozen)
     if settings.alertmanager:
         _secrets(config)
-        owned_file(
-            name="Alertmanager's routes, receivers and inhibitions",
-            path=ALERTMANAGER_CONFIG,
-            content=alertmanager_config(settings),
-            clear_immutable=frozen,
-        )
-        owned_file(
-            name="Alertmanager's arguments",
-            path=ALERTMANAGER_DEFAULTS,
-            content=alertmanager_arguments(settings),
-            clear_immutable=frozen,
-        )
-        unmasked(name="Alertmanager not masked", unit=ALERTMANAGER_UNIT)
-        service_state(name="Alertmanager", unit=ALERTMANAGER_UNIT)
-        restarted_when_stale(
-            name="Alertmanager runs its current configuration (amtool-checked)",
-            unit=ALERTMANAGER_UNIT,
-            inputs=[ALERTMANAGER_CONFIG, ALERTMANAGER_DEFAULTS],
-            check=f"amtool check-config {ALERTMANAGER_CONFIG}",
-        )
+        files = {
+            ALERTMANAGER_CONFIG: alertmanager_config(settings),
+            ALERTMANAGER_DEFAULTS: alertmanager_arguments(settings),
+        }
+        _daemon("Alertmanager", ALERTMANAGER_UNIT, files, frozen, check=f"amtool check-config {ALERTMANAGER_CONFIG}")
     # Prometheus' extension directories, read by file discovery (targets, Alertmanagers) or at start (rules).
     for path, content in (
         (NODE_TARGETS, node_targets(settings)),

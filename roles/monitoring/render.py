@@ -10,6 +10,7 @@ import urllib.parse
 from typing import Any
 
 import yaml
+from ironserve_service.slo import alert_rule
 
 from roles.monitoring.settings import MonitoringSettings
 
@@ -88,47 +89,37 @@ def node_exporter_arguments(settings: MonitoringSettings) -> str:
     return f'{HEADER}ARGS="--web.listen-address=:{settings.node_exporter_port}"\n'
 
 
-def _alert(name: str, expr: str, duration: str, severity: str, summary: str) -> dict[str, Any]:
-    return {
-        "alert": name,
-        "expr": expr,
-        "for": duration,
-        "labels": {"severity": severity},
-        "annotations": {"summary": summary},
-    }
-
-
 def host_rules(settings: MonitoringSettings) -> str:
     """The host invariants that matter while serving, as alerts; no generic resource alert (slo-no-cpu-alerts)."""
     local = 'job="node"'
     disks = f'{local}, fstype!~"tmpfs|ramfs|overlay|squashfs|nsfs|fuse.*"'
     rules = [
-        _alert(
+        alert_rule(
             HOST_DOWN, 'up{job="host-probe"} == 0', "1m", "page",
             "host {{ $labels.host }} does not answer: its node exporter at {{ $labels.instance }} is unreachable",
         ),
-        _alert(
+        alert_rule(
             "NodeExporterDown", f"up{{{local}}} == 0", "5m", "ticket",
             "the node exporter does not answer: the host alerts are blind",
         ),
-        _alert(
+        alert_rule(
             "FilesystemAlmostFull",
             f"node_filesystem_avail_bytes{{{disks}}} / node_filesystem_size_bytes{{{disks}}}"
             f" < {settings.disk_free_min_ratio}",
             "10m", "ticket",
             f"{{{{ $labels.mountpoint }}}} has less than {settings.disk_free_min_ratio:.0%} free",
         ),
-        _alert(
+        alert_rule(
             "ClockNotSynchronised", f"node_timex_sync_status{{{local}}} == 0", "15m", "ticket",
             "the clock is not synchronised (NTP): logs, certificates and latency figures drift",
         ),
-        _alert(
+        alert_rule(
             "NetworkErrors",
             f'rate(node_network_receive_errs_total{{{local}, device!="lo"}}[5m])'
             f' + rate(node_network_transmit_errs_total{{{local}, device!="lo"}}[5m]) > 0',
             "15m", "ticket", "{{ $labels.device }} counts receive or transmit errors",
         ),
-        _alert(
+        alert_rule(
             "OomKill", f"increase(node_vmstat_oom_kill{{{local}}}[10m]) > 0", "0m", "ticket",
             "the kernel killed a process for memory",
         ),

@@ -9,6 +9,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Annotated
 
+from ironserve_service.settings import Duration
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
 from ironserve.config import Listener, RoleSettings, prefixed
@@ -19,8 +20,6 @@ from ironserve.validators import ENV_NAME, check_host, fullmatch, plain_http_ref
 # (--web.listen-address :9093 and :9100, /etc/default/prometheus-*); the role keeps them unless told otherwise.
 ALERTMANAGER_PORT = 9093
 NODE_EXPORTER_PORT = 9100
-# Prometheus' duration grammar (docs: configuration, <duration>), as the service's SLO settings check it.
-DURATION = re.compile(r"(?=[0-9])(?:[0-9]+d)?(?:[0-9]+h)?(?:[0-9]+m)?(?:[0-9]+s)?")
 # An address Alertmanager's email integration accepts in to/from: one mailbox, no display name, no list.
 MAILBOX = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})+")
 # Alert labels the route may group by: those every ironserve alert carries (Prometheus' external label `host`,
@@ -28,12 +27,6 @@ MAILBOX = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@[A-Za-z0-9-]{1,63}(
 GROUP_LABELS = frozenset({"host", "severity", "alertname", "device", "job", "instance"})
 PAGERDUTY_ENV = "IRONSERVE_PAGERDUTY_ROUTING_KEY"
 SMTP_PASSWORD_ENV = "IRONSERVE_SMTP_PASSWORD"
-
-
-def _duration(value: str) -> str:
-    if not fullmatch(DURATION, value) or not re.search(r"[1-9]", value):
-        raise ValueError("is not a duration; accepted: digits with units d h m s, largest first, such as 30s or 4h")
-    return value
 
 
 def _mailbox(value: str) -> str:
@@ -74,7 +67,6 @@ def _alertmanager_url(value: str) -> str:
     return value
 
 
-Duration = Annotated[str, AfterValidator(_duration)]
 Url = Annotated[str, AfterValidator(_url)]
 
 

@@ -35,6 +35,7 @@ from ironserve_lab import remote
 from ironserve_lab.demo import api_key, chat_completion, listener_url
 from ironserve_lab.deploying import DeployResult, deploy, verify
 from ironserve_lab.inference import ENGINE_ENVIRONMENT, SERVICE_OVERRIDES, inventory_data, model_versions
+from ironserve_lab.kubernetes_control_plane import wait_for
 from ironserve_lab.network import GATEWAY
 from ironserve_lab.state import LabHost
 from ironserve_lab.webhook import WebhookReceiver
@@ -608,14 +609,6 @@ def _alertmanager_alerts(host: LabHost, name: str) -> list[dict[str, Any]]:
     return list(json.loads(remote.run(host, f"python3 -c {shlex.quote(code)}")))
 
 
-def _wait_for(what: str, check: Any, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
-        time.sleep(2)
-    return found
-
-
 def test_a_stopped_engine_pages_once_and_resolves_and_a_silent_host_pages_host_down_alone(
     fleet: list[LabHost], tmp_path: Path
 ) -> None:
@@ -655,25 +648,26 @@ def test_a_stopped_engine_pages_once_and_resolves_and_a_silent_host_pages_host_d
             caused = time.monotonic()
             remote.run(stopped, f"systemctl stop {engines[stopped.name]}")
             remote.run(silent, "systemctl stop prometheus-node-exporter.service")
-            _wait_for("HostDown", lambda: _alertmanager_alerts(watcher, "HostDown"), HOST_DOWN_AFTER_S)
+            wait_for(lambda: _alertmanager_alerts(watcher, "HostDown"), HOST_DOWN_AFTER_S, "HostDown", interval=2)
             remote.run(silent, f"systemctl stop {engines[silent.name]}")
-            engine_down = _wait_for(
-                "the paging notification of the stopped engine",
+            engine_down = wait_for(
                 lambda: _notified(receiver, stopped, "ServingEngineDown", "firing"),
                 HOST_DOWN_AFTER_S,
+                "the paging notification of the stopped engine",
             )
             print(f"paged {time.monotonic() - caused:.0f} s after the causes")
             remote.run(stopped, f"systemctl start {engines[stopped.name]}")
-            suppressed = _wait_for(
-                f"ServingEngineDown of {silent.name} in Alertmanager",
+            suppressed = wait_for(
                 lambda: [a for a in _alertmanager_alerts(watcher, "ServingEngineDown")
                          if a["labels"]["host"] == silent.name],
                 HOST_DOWN_AFTER_S,
+                f"ServingEngineDown of {silent.name} in Alertmanager",
+                interval=2,
             )  # fmt: skip
-            resolved = _wait_for(
-                "the resolved notification",
+            resolved = wait_for(
                 lambda: _notified(receiver, stopped, "ServingEngineDown", "resolved"),
                 HOST_DOWN_AFTER_S,
+                "the resolved notification",
             )
             print(f"resolved {time.monotonic() - caused:.0f} s after the causes")
         finally:

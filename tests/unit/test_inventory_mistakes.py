@@ -512,9 +512,9 @@ MONITORING: list[Case] = [
     ("monitoring_pagerduty", "maybe", ("valid boolean",)),
     ("monitoring_pagerduty_routing_key_env", "$KEY", ("environment variable name",)),
     ("monitoring_group_by", ["host", "team"], ("team", "accepted")),
-    ("monitoring_group_wait", "30 seconds", ("not a duration", "30s")),
-    ("monitoring_group_interval", "-5m", ("not a duration",)),
-    ("monitoring_repeat_interval", "0s", ("not a duration",)),
+    ("monitoring_group_wait", "30 seconds", ("not a Prometheus duration", "such as 5m")),
+    ("monitoring_group_interval", "-5m", ("not a Prometheus duration",)),
+    ("monitoring_repeat_interval", "0s", ("not a Prometheus duration",)),
     ("monitoring_grafana", "on-site", ("valid boolean",)),
     ("monitoring_disk_free_min_ratio", 10, ("less than 1",)),
 ]

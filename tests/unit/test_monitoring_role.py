@@ -48,6 +48,14 @@ INFERENCE = {
 }
 ROLES = "security,monitoring,inference"
 KEY_SENTINEL = "s3ntinel-PAGERDUTY-41c7"
+# Webhook, e-mail with SMTP authentication and PagerDuty: every receiver kind and both secrets.
+EVERY_RECEIVER: dict[str, Any] = {
+    "monitoring_pagerduty": True,
+    "monitoring_email_to": ["oncall@example.com"],
+    "monitoring_email_from": "alerts@example.com",
+    "monitoring_smtp_smarthost": "smtp.example.com:587",
+    "monitoring_smtp_username": "alerts",
+}
 SMTP_SENTINEL = "s3ntinel-SMTP-88e0"
 
 
@@ -70,7 +78,7 @@ def config(**data: Any) -> Any:
         ({"monitoring_smtp_smarthost": "smtp.example.com"}, "HOST:PORT"),
         ({"monitoring_smtp_smarthost": "smtp.example.com:99999"}, "HOST:PORT"),
         ({"monitoring_group_by": ["host", "team"]}, "team"),
-        ({"monitoring_group_wait": "30 s"}, "not a duration"),
+        ({"monitoring_group_wait": "30 s"}, "not a Prometheus duration"),
         ({"monitoring_alertmanager": False}, "reach no one"),
         ({"monitoring_alertmanager_urls": ["http://10.0.0.5:9093/alertmanager"]}, "has a path"),
         ({"monitoring_alertmanager_port": True}, "boolean is not a number"),
@@ -98,13 +106,7 @@ def test_deployable_needs_a_receiver_the_prometheus_and_every_secret() -> None:
 
 
 def test_secrets_come_from_the_environment_and_never_reach_the_rendered_files() -> None:
-    chosen = settings(
-        monitoring_pagerduty=True,
-        monitoring_email_to=["oncall@example.com"],
-        monitoring_email_from="alerts@example.com",
-        monitoring_smtp_smarthost="smtp.example.com:587",
-        monitoring_smtp_username="alerts",
-    )
+    chosen = settings(**EVERY_RECEIVER)
     environ = {"IRONSERVE_PAGERDUTY_ROUTING_KEY": KEY_SENTINEL, "IRONSERVE_SMTP_PASSWORD": SMTP_SENTINEL}
     assert chosen.secrets(environ) == environ
     rendered = alertmanager_config(chosen)
@@ -130,13 +132,7 @@ def test_one_variable_may_not_carry_two_secrets() -> None:
 @pytest.mark.skipif(AMTOOL is None, reason="amtool absent (apt-get install prometheus-alertmanager)")
 @pytest.mark.invariant("slo-pagerduty")
 def test_amtool_accepts_every_receiver_kind_and_pagerduty_pages(tmp_path: Path) -> None:
-    chosen = settings(
-        monitoring_pagerduty=True,
-        monitoring_email_to=["oncall@example.com"],
-        monitoring_email_from="alerts@example.com",
-        monitoring_smtp_smarthost="smtp.example.com:587",
-        monitoring_smtp_username="alerts",
-    )
+    chosen = settings(**EVERY_RECEIVER)
     path = tmp_path / "alertmanager.yml"
     path.write_text(alertmanager_config(chosen))
     result = subprocess.run([str(AMTOOL), "check-config", str(path)], capture_output=True, text=True)

@@ -28,7 +28,8 @@ def _rule(record: str, expr: str) -> dict[str, str]:
     return {"record": record, "expr": expr}
 
 
-def _alert(name: str, expr: str, duration: str, severity: str, summary: str) -> dict[str, Any]:
+def alert_rule(name: str, expr: str, duration: str, severity: str, summary: str) -> dict[str, Any]:
+    """One alerting rule as Prometheus' rule files have it; `severity` is what Alertmanager routes on (page, ticket)."""
     return {
         "alert": name,
         "expr": expr,
@@ -77,32 +78,32 @@ def alerting_rules(slo: SloSettings, quality: QualitySettings) -> list[dict[str,
     all_requests = 'rate(http_request_duration_seconds_count{handler=~"/v1/.+"}[5m])'
     errors = 'rate(http_requests_total{status=~"5.."}[5m])'
     return [
-        _alert(
+        alert_rule(
             "TimeToFirstTokenP95AboveSLO",
             f"ironserve:time_to_first_token_seconds:p95_{slo.slo_window} > {slo.ttft_p95_s}",
             slo.slo_window, "ticket", f"P95 time to first token above {slo.ttft_p95_s * 1000:.0f} ms",
         ),
-        _alert(
+        alert_rule(
             "TimeToFirstTokenP95AboveSLOFast",
             f"ironserve:time_to_first_token_seconds:p95_{slo.fast_window} > {2 * slo.ttft_p95_s}",
             slo.fast_window, "page", f"P95 time to first token above twice the SLO over {slo.fast_window}",
         ),
-        _alert(
+        alert_rule(
             "TimePerOutputTokenP95AboveSLO",
             f"ironserve:time_per_output_token_seconds:p95_{slo.slo_window} > {slo.tpot_p95_s}",
             slo.slo_window, "ticket", f"P95 time per output token above {slo.tpot_p95_s * 1000:.0f} ms",
         ),
-        _alert(
+        alert_rule(
             "ServingEngineDown",
             "ironserve_vllm_up == 0",
             slo.target_down_for, "page", "the engine Envoy routes to does not answer /metrics",
         ),
-        _alert(
+        alert_rule(
             "ExporterDown",
             f'up{{job="{slo.job}", component="exporter"}} == 0',
             slo.target_down_for, "page", "the exporter does not answer: every SLO alert is blind",
         ),
-        _alert(
+        alert_rule(
             "LatencyTailAndErrors",
             f"(sum by (job) ({fast_under}) / sum by (job) ({all_requests})) < {slo.paging_fast_ratio}"
             f" and (sum by (job) ({errors}) / sum by (job) (rate(http_requests_total[5m]))) > {slo.paging_error_ratio}",
@@ -110,47 +111,47 @@ def alerting_rules(slo: SloSettings, quality: QualitySettings) -> list[dict[str,
             f"fewer than {slo.paging_fast_ratio:.1%} of requests under {slo.paging_latency_s}s and 5xx above "
             f"{slo.paging_error_ratio:.1%}",
         ),
-        _alert(
+        alert_rule(
             "SemanticSuccessBelowSLO",
             f"semantic_success_rate < {slo.semantic_success_min}",
             "15m", "ticket", f"semantic success below {slo.semantic_success_min:.1%}",
         ),
-        _alert(
+        alert_rule(
             "SemanticSuccessCritical",
             f"semantic_success_rate < {slo.semantic_success_page}",
             "5m", "page",
             f"semantic success below {slo.semantic_success_page:.0%}: page; a switch to the Q4_K_S model is a"
             " manual hot swap, never automatic (it is the lower-quality model)",
         ),
-        _alert(
+        alert_rule(
             "CostPerTokenAboveSLO",
             f"cost_per_token > {slo.cost_per_token_max_usd}",
             "15m", "ticket", f"cost per token above ${slo.cost_per_token_max_usd}",
         ),
-        _alert(
+        alert_rule(
             "GpuMemoryHeadroomLow",
             f"gpu_memory_used_bytes > {slo.gpu_memory_alert_bytes}",
             "5m", "ticket",
             f"GPU memory used above {slo.gpu_memory_alert_bytes} bytes ({slo.gpu_memory_alert_bytes / 1e9} GB)",
         ),
-        _alert(
+        alert_rule(
             "KvCacheSaturated",
             f"vllm:kv_cache_blocks_used / ironserve_kv_cache_blocks > {slo.kv_cache_usage_max}",
             slo.kv_cache_for, "ticket",
             "KV cache nearly full: shed load or scale out (blocks free as sequences finish; never clear them)",
         ),
-        _alert(
+        alert_rule(
             "GpuMemoryLeak",
             f"ironserve:gpu_memory_growth_bytes_per_hour > {slo.memory_leak_max_bytes_per_hour}",
             "1h", "ticket", f"GPU memory growing faster than {slo.memory_leak_max_bytes_per_hour / 1e6} MB/hour",
         ),
-        _alert(
+        alert_rule(
             "GpuMemoryLeakSignature",
             "(gpu_memory_used_bytes / gpu_memory_total_bytes > 0.9) and on (job, instance, device)"
             " (gpu_utilization_percent < 20)",
             "15m", "ticket", "GPU memory nearly full while the GPU is mostly idle: leak signature",
         ),
-        _alert(
+        alert_rule(
             "LogprobVarianceHigh",
             "histogram_quantile(0.95, sum by (job, le) (rate(model_logprob_std_bucket[10m])))"
             f" > {quality.logprob_std_alert}",
@@ -185,59 +186,59 @@ def gpu_rules(gpu: GpuHealthSettings) -> list[dict[str, Any]]:
     held = gpu.sustained_for
     return [
         # Pages: the GPU is out of serving or its memory is no longer trustworthy.
-        _alert(
+        alert_rule(
             "GpuUncorrectableEccError",
             with_serial(f'increase(gpu_ecc_errors{{error_type="uncorrected", counter="volatile"}}[{window}]) > 0'),
             "0m", "page",
             f"{GPU}: new uncorrectable (double-bit) ECC errors within {window}: drain the host and reset the GPU",
         ),
-        _alert(
+        alert_rule(
             "GpuFatalXid",
             with_serial(f'increase(gpu_xid_errors_total{{xid=~"{xids}"}}[{window}]) > 0'),
             "0m", "page",
             f"{GPU}: XID {{{{ $labels.xid }}}}, which NVIDIA's Xid catalog clears only by a GPU reset or a reboot",
         ),
-        _alert(
+        alert_rule(
             "GpuLost",
             with_serial("gpu_lost == 1"),
             "0m", "page",
             f"{GPU}: NVML cannot reach the GPU (off the bus): drain and reboot the host; reseat or replace the card "
             "if it recurs",
         ),
-        _alert(
+        alert_rule(
             "GpuMissing",
             "gpu_visible_count < gpu_expected_count",
             MISSING_FOR, "page",
             "{{ $labels.instance }}: NVML shows {{ $value }} GPUs, fewer than gpu_health.expected_gpus: a card is off "
             "the bus since the driver loaded, so NVML cannot name it; its serial is in gpu_info before the drop",
         ),
-        _alert(
+        alert_rule(
             "GpuPcieLinkDegraded",
             with_serial(f'gpu_pcie_link_width{{bound="current"{devices}}} < {width}'),
             gpu.degraded_link_for, "page",
             f"{GPU}: PCIe link at x{{{{ $value }}}} for {gpu.degraded_link_for}, expected x{width}: reseat the card or "
             "check its slot and riser",
         ),
-        _alert(
+        alert_rule(
             "GpuRowRemapFailure",
             with_serial("gpu_remapped_rows_failure == 1"),
             "0m", "page",
             f"{GPU}: a row remapping failed, the memory can no longer repair itself: drain the host, replace the card",
         ),
-        _alert(
+        alert_rule(
             "GpuRetiredPagesPending",
             with_serial("gpu_retired_pages_pending == 1"),
             "0m", "page",
             f"{GPU}: memory pages are pending retirement after ECC errors: drain and reboot the host to retire them",
         ),
         # Tickets: the GPU serves, slower or at risk.
-        _alert(
+        alert_rule(
             "GpuRowRemapPending",
             with_serial("gpu_remapped_rows_pending == 1"),
             "0m", "ticket",
             f"{GPU}: a memory row remap waits for a GPU reset: reset the GPU at a convenient time (drained)",
         ),
-        _alert(
+        alert_rule(
             "GpuClocksSlowdown",
             with_serial(
                 'gpu_throttle_reason_active{reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|'
@@ -247,7 +248,7 @@ def gpu_rules(gpu: GpuHealthSettings) -> list[dict[str, Any]]:
             f"{GPU}: clocks held down by {{{{ $labels.reason }}}} for {held}: check cooling, and for a power brake "
             "the power supplies and the BMC",
         ),
-        _alert(
+        alert_rule(
             "GpuPowerCapped",
             with_serial(
                 f'(gpu_throttle_reason_active{{reason="sw_power_cap"}} == 1) and on ({GPU_KEYS})'
@@ -257,7 +258,7 @@ def gpu_rules(gpu: GpuHealthSettings) -> list[dict[str, Any]]:
             f"{GPU}: drawing at its power limit with the SW power cap engaged for {held}: clocks are held down by "
             "power; check gpu_power_limit_watts and airflow",
         ),
-        _alert(
+        alert_rule(
             "GpuPcieGenerationBelowMaxUnderLoad",
             with_serial(
                 'gpu_pcie_link_generation{bound="current"} < ignoring (bound) gpu_pcie_link_generation{bound="max"}'
@@ -269,7 +270,7 @@ def gpu_rules(gpu: GpuHealthSettings) -> list[dict[str, Any]]:
         ),
         # The GPU guard (gpu_guard.py) took the host out of serving on one of the pages above; a ticket, since that
         # page has paged, and the host stays out until the GPU is fit and the model answers, or an admin says so.
-        _alert(
+        alert_rule(
             "GpuGuardDrained",
             "ironserve_gpu_guard_drained == 1",
             "0m", "ticket",
@@ -277,7 +278,7 @@ def gpu_rules(gpu: GpuHealthSettings) -> list[dict[str, Any]]:
             "{{ $labels.serial }} {{ $labels.reason }}; it serves again once the GPU is fit and the model answers, "
             "or after `ironserve-service traffic serving`",
         ),
-        _alert(
+        alert_rule(
             "GpuPowerLimitChanged",
             with_serial("gpu_power_limit_watts != gpu_power_default_limit_watts"),
             held, "ticket",
