@@ -546,6 +546,23 @@ def test_simulated_no_gpu_supports_xid_events() -> None:
     assert series(registry, "gpu_xid_errors_total") == []
 
 
+def test_simulated_driver_loaded_after_the_exporter_started_the_next_scrape_starts_the_xid_watch() -> None:
+    nvml = FakeNvml([answers("a10-nvidia-smi-q.txt")], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED, events={0})
+    watcher = XidWatcher(8, nvml=nvml, wait_ms=20)
+    assert not watcher.start()
+    registry = scrape(nvml, watcher)
+    generate_latest(registry)  # a scrape while the driver is still missing: nothing to watch yet
+    assert not watcher.running
+    nvml.init_error = None  # the kernel module loaded, the service untouched
+    assert value(registry, "gpu_xid_events_supported", device="gpu0") == 1.0  # this scrape started the watch
+    assert watcher.running
+    nvml.deliver(0, pynvml.nvmlEventTypeXidCriticalError, 79)
+    wait_until(lambda: watcher.snapshot().counts == {(0, 79): 1})
+    assert value(registry, "gpu_xid_errors_total", device="gpu0", xid="79") == 1.0
+    watcher.stop()
+    assert not watcher.running and nvml.inits == nvml.shutdowns
+
+
 def test_record_xid_is_pure() -> None:
     before = gpu_health.XidState()
     after = gpu_health.record_xid(gpu_health.record_xid(before, 1, 79), 1, 79)

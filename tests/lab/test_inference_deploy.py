@@ -24,6 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import pytest
 
 from ironserve.owned import backup_path
 from ironserve.validators import release_version
-from ironserve_lab import remote
+from ironserve_lab import edge, remote
 from ironserve_lab.demo import api_key, chat_completion, listener_url
 from ironserve_lab.deploying import DeployResult, deploy, verify
 from ironserve_lab.inference import ENGINE_ENVIRONMENT, SERVICE_OVERRIDES, inventory_data, model_versions
@@ -609,14 +610,16 @@ def _alertmanager_alerts(host: LabHost, name: str) -> list[dict[str, Any]]:
     return list(json.loads(remote.run(host, f"python3 -c {shlex.quote(code)}")))
 
 
-def test_a_stopped_engine_pages_once_and_resolves_and_a_silent_host_pages_host_down_alone(
-    fleet: list[LabHost], tmp_path: Path
-) -> None:
-    """The real Prometheus of each host, the real Alertmanager of the first and a webhook receiver: a stopped engine
-    reaches the receiver as one notification of its host's paging group and resolves when the engine runs again; a
-    host whose node exporter stops answering raises HostDown on the first host, and its own alert that follows (its
-    engine stopped too) is held back by the inhibition, never notified."""
-    watcher, stopped, silent = fleet[:3]
+@dataclass(frozen=True)
+class Alerting:
+    receiver: WebhookReceiver
+    inventory: Path
+
+
+@pytest.fixture(scope="module")
+def alerting(fleet: list[LabHost], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alerting]:
+    """roles/monitoring deployed over the serving fleet, with a webhook receiver on this machine."""
+    watcher = fleet[0]
     with WebhookReceiver(str(GATEWAY)) as receiver:
         first = {
             "ironserve_roles": ["monitoring"],
@@ -631,48 +634,61 @@ def test_a_stopped_engine_pages_once_and_resolves_and_a_silent_host_pages_host_d
             "monitoring_alertmanager": False,
             "monitoring_alertmanager_urls": [f"http://{watcher.ssh_address}:9093"],
         }
-        inventory = tmp_path / "monitoring.py"
+        inventory = tmp_path_factory.mktemp("monitoring") / "monitoring.py"
         hosts = [(watcher.name, first), *((host.name, others) for host in fleet[1:])]
         inventory.write_text(MONITORING_INVENTORY.format(hosts=hosts))
         started = time.monotonic()
         installed = _deployed(deploy(fleet, inventory=str(inventory)))
         print(f"monitoring on {len(fleet)} hosts: {time.monotonic() - started:.1f} s, {installed.changed} changes")
-        again = _deployed(deploy(fleet, inventory=str(inventory)))
-        assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
-        gate = verify(fleet, "-q", "-rfE", inventory=str(inventory))
-        print(gate.stdout[-3000:])
-        assert gate.returncode == 0, gate.stdout[-6000:] + gate.stderr[-2000:]
+        yield Alerting(receiver, inventory)
 
-        engines = {host.name: f"ai-service@{_status(host)['colour']}.service" for host in (stopped, silent)}
-        try:
-            caused = time.monotonic()
-            remote.run(stopped, f"systemctl stop {engines[stopped.name]}")
-            remote.run(silent, "systemctl stop prometheus-node-exporter.service")
-            wait_for(lambda: _alertmanager_alerts(watcher, "HostDown"), HOST_DOWN_AFTER_S, "HostDown", interval=2)
-            remote.run(silent, f"systemctl stop {engines[silent.name]}")
-            engine_down = wait_for(
-                lambda: _notified(receiver, stopped, "ServingEngineDown", "firing"),
-                HOST_DOWN_AFTER_S,
-                "the paging notification of the stopped engine",
-            )
-            print(f"paged {time.monotonic() - caused:.0f} s after the causes")
-            remote.run(stopped, f"systemctl start {engines[stopped.name]}")
-            suppressed = wait_for(
-                lambda: [a for a in _alertmanager_alerts(watcher, "ServingEngineDown")
-                         if a["labels"]["host"] == silent.name],
-                HOST_DOWN_AFTER_S,
-                f"ServingEngineDown of {silent.name} in Alertmanager",
-                interval=2,
-            )  # fmt: skip
-            resolved = wait_for(
-                lambda: _notified(receiver, stopped, "ServingEngineDown", "resolved"),
-                HOST_DOWN_AFTER_S,
-                "the resolved notification",
-            )
-            print(f"resolved {time.monotonic() - caused:.0f} s after the causes")
-        finally:
-            remote.run(stopped, f"systemctl start {engines[stopped.name]}")
-            remote.run(silent, f"systemctl start prometheus-node-exporter.service {engines[silent.name]}")
+
+def test_a_stopped_engine_pages_once_and_resolves_and_a_silent_host_pages_host_down_alone(
+    fleet: list[LabHost], alerting: Alerting
+) -> None:
+    """The real Prometheus of each host, the real Alertmanager of the first and a webhook receiver: a stopped engine
+    reaches the receiver as one notification of its host's paging group and resolves when the engine runs again; a
+    host whose node exporter stops answering raises HostDown on the first host, and its own alert that follows (its
+    engine stopped too) is held back by the inhibition, never notified."""
+    watcher, stopped, silent = fleet[:3]
+    receiver, inventory = alerting.receiver, alerting.inventory
+    again = _deployed(deploy(fleet, inventory=str(inventory)))
+    assert (again.changed, again.errors) == (0, 0), again.output[-6000:]
+    gate = verify(fleet, "-q", "-rfE", inventory=str(inventory))
+    print(gate.stdout[-3000:])
+    assert gate.returncode == 0, gate.stdout[-6000:] + gate.stderr[-2000:]
+    engines = {host.name: f"ai-service@{_status(host)['colour']}.service" for host in (stopped, silent)}
+    try:
+        caused = time.monotonic()
+        remote.run(stopped, f"systemctl stop {engines[stopped.name]}")
+        remote.run(silent, "systemctl stop prometheus-node-exporter.service")
+        wait_for(lambda: _alertmanager_alerts(watcher, "HostDown"), HOST_DOWN_AFTER_S, "HostDown", interval=2)
+        remote.run(silent, f"systemctl stop {engines[silent.name]}")
+        engine_down = wait_for(
+            lambda: _notified(receiver, stopped, "ServingEngineDown", "firing"),
+            HOST_DOWN_AFTER_S,
+            "the paging notification of the stopped engine",
+        )
+        print(f"paged {time.monotonic() - caused:.0f} s after the causes")
+        remote.run(stopped, f"systemctl start {engines[stopped.name]}")
+        suppressed = wait_for(
+            lambda: [a for a in _alertmanager_alerts(watcher, "ServingEngineDown")
+                     if a["labels"]["host"] == silent.name],
+            HOST_DOWN_AFTER_S,
+            f"ServingEngineDown of {silent.name} in Alertmanager",
+            interval=2,
+        )  # fmt: skip
+        resolved = wait_for(
+            lambda: _notified(receiver, stopped, "ServingEngineDown", "resolved"),
+            HOST_DOWN_AFTER_S,
+            "the resolved notification",
+        )
+        print(f"resolved {time.monotonic() - caused:.0f} s after the causes")
+    finally:
+        remote.run(stopped, f"systemctl start {engines[stopped.name]}")
+        remote.run(silent, f"systemctl start prometheus-node-exporter.service {engines[silent.name]}")
+        for host in (stopped, silent):  # the fleet left serving, as the next test finds it
+            wait_for(functools.partial(_serving, host), 300, f"{host.name} serving again", interval=1)
     everything = list(receiver.notifications)
     shown = [(n["status"], n["groupLabels"], sorted(a["labels"]["alertname"] for a in n["alerts"])) for n in everything]
     print(f"notifications: {shown}")
@@ -701,3 +717,85 @@ def _notified(receiver: WebhookReceiver, host: LabHost, alert: str, status: str)
         and note["groupLabels"].get("host") == host.name
         and any(a["labels"]["alertname"] == alert for a in note["alerts"])
     ]
+
+
+def _prometheus(host: LabHost, query: str) -> list[dict[str, Any]]:
+    """The host's own Prometheus's answer to an instant query."""
+    url = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+    return list(json.loads(remote.run(host, f"python3 -c {shlex.quote(code)}"))["data"]["result"])
+
+
+def _serving(host: LabHost) -> bool:
+    return _health_problem(host) is None
+
+
+def _health_problem(host: LabHost) -> str | None:
+    """None while the host's /health answers 200, seen from outside the host as a balancer sees it; else the reason
+    Envoy gives beside the 503, or the status and body, or the connection's error."""
+    try:
+        with urllib.request.urlopen(f"{_listener(host.name)[0]}/health", timeout=5):
+            return None
+    except urllib.error.HTTPError as error:
+        return str(error.headers.get("x-ironserve-drain-reason") or f"{error.code} {error.read().decode().strip()}")
+    except OSError as error:
+        return str(error)
+
+
+def test_simulated_gpu_ecc_error_drains_its_host_with_no_failed_request_pages_naming_the_gpu_and_it_returns(
+    fleet: list[LabHost], alerting: Alerting
+) -> None:
+    """Simulated at the edge: the GPUs. The fourth host gets its profile's four A10s through the lab's stand-in
+    libnvidia-ml.so.1 (ironserve_lab.standin_nvml, values from real nvidia-smi captures), as a loaded driver would
+    give them. Everything else is real: the service's own NVML reader and GPU guard through pynvml, etcd, Envoy, each
+    host's Prometheus, the first host's Alertmanager and the webhook receiver. GPU 0 reports a double-bit ECC error
+    under the balancer's load: the guard drains the host (Envoy's /health says why), the page names the host, the
+    GPU and its serial, and no request fails; after a GPU reset (the volatile count back to 0) the guard returns the
+    host once the model answers a completion."""
+    sick = fleet[3]
+    interval_s = host_settings(stack_config("lab", {})).gpu_health.guard_interval_s
+    ecc = 'gpu_ecc_errors{error_type="uncorrected", counter="volatile", device="gpu0"}'
+    try:
+        gpus = edge.plug_gpus(sick)
+        serial = gpus.gpus[0].serial
+        # The exporter and the guard see the healthy GPUs before the error: a count is an error only when it rises.
+        wait_for(lambda: _prometheus(sick, f"count_over_time({ecc}[1m]) >= 2"), 60, "two scrapes of healthy GPUs")
+        time.sleep(interval_s + 1)
+        assert _status(sick)["traffic"] == "serving"
+        with Balancer(*fleet, pause_s=0.5) as balancer:
+            time.sleep(2)  # completions on every host first
+            sick_at = time.monotonic()
+            edge.set_gpus(sick, gpus.with_gpu(0, ecc_volatile_uncorrected=1, ecc_aggregate_uncorrected=1))
+            wait_for(lambda: balancer.health[sick.name][-1][1] == 503, 60, "the sick GPU's host drained", interval=0.2)
+            drained_s = time.monotonic() - sick_at
+            reason = _health_problem(sick)
+            page = wait_for(
+                lambda: _notified(alerting.receiver, sick, "GpuUncorrectableEccError", "firing"),
+                HOST_DOWN_AFTER_S,
+                "the page of the ECC error",
+            )
+            paged_s = time.monotonic() - sick_at
+            time.sleep(2)  # the drained host keeps answering what reaches it; the others take the new work
+            reset_at = time.monotonic()
+            edge.set_gpus(sick, gpus.with_gpu(0, ecc_aggregate_uncorrected=1))  # a GPU reset zeroes the volatile count
+            wait_for(lambda: balancer.health[sick.name][-1][1] == 200, 120, "the host serving again", interval=0.5)
+            returned_s = time.monotonic() - reset_at
+            time.sleep(2)  # the balancer sends to it again
+    finally:
+        edge.unplug_gpus(sick)
+    failed = [outcome for outcome in balancer.outcomes if outcome[1] != 200]
+    print(
+        f"sick GPU: drained {drained_s:.1f} s after the ECC error, paged at {paged_s:.0f} s, serving again "
+        f"{returned_s:.1f} s after the reset; {len(balancer.outcomes)} requests, {len(failed)} failed; "
+        f"reason: {reason}"
+    )
+    assert not failed, failed[:5]
+    assert balancer.ready(sick) == [True, False, True], balancer.health[sick.name]
+    assert all(balancer.ready(host) == [True] for host in fleet[:3]), balancer.health
+    assert balancer.health[sick.name][1][1:] == (503, "draining")
+    assert reason is not None and f"gpu0 (serial {serial})" in reason and "ECC" in reason, reason
+    labels = next(a["labels"] for a in page[0]["alerts"] if a["labels"]["alertname"] == "GpuUncorrectableEccError")
+    assert (labels["host"], labels["device"], labels["serial"]) == (sick.name, "gpu0", serial)
+    assert page[0]["receiver"] == "page"
+    log = remote.run(sick, f"journalctl -u {CONTROL} --no-pager -o cat | grep gpu-guard; true")
+    assert "gpu-guard: draining the host" in log and "gpu-guard: serving again" in log, log[-3000:]

@@ -285,6 +285,9 @@ def test_payloads_the_role_and_gate_read_are_in_the_packages_that_hold_them_for_
     assert mirror[("libnvidia-ml1", driver)].links == {
         f"{aptrepo.LIBDIR}/libnvidia-ml.so.1": "libnvidia-ml.so.525.85.12"
     }
+    # The working stand-in NVML (standin_nvml.py), not a placeholder: a host with the driver has an NVML to ask.
+    library = mirror[("libnvidia-ml1", driver)].files[f"{aptrepo.LIBDIR}/libnvidia-ml.so.525.85.12"][0]
+    assert isinstance(library, bytes) and library.startswith(b"\x7fELF")
     persistenced = mirror[("nvidia-persistenced", driver)].files
     assert {"/usr/bin/nvidia-persistenced", "/lib/systemd/system/nvidia-persistenced.service"} <= set(persistenced)
     assert mirror[("nvidia-driver", driver)].files["/usr/share/doc/nvidia-driver/VERSION"][0] == "525.85.12\n"

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from ironserve_lab import standin_nvml
+from ironserve_lab import standin_nvidia_smi, standin_nvml
+from ironserve_lab.hardware import DEFAULT_PROFILE, read_hardware_profile
 from ironserve_lab.standin_nvml import NvmlState, two_a10s, write_state
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc absent: the stand-in NVML is C")
@@ -176,3 +177,32 @@ def test_simulated_sick_gpus_seen_on_the_next_read_and_healthy_again(host: Host)
 def test_simulated_state_file_round_trips(tmp_path: Path) -> None:
     state = two_a10s().with_gpu(0, processes="4242:1048576").with_xid(0, 48)
     assert standin_nvml.read_state(write_state(state, tmp_path / "state")) == state
+
+
+def test_simulated_no_state_file_is_a_driver_not_loaded(tmp_path: Path) -> None:
+    """Without the state a GPU host's edge writes, NVML answers as it does on a host whose kernel module is not
+    loaded: every lab host with the mirror's driver package and no GPU plugged stays without NVML."""
+    library = standin_nvml.build(tmp_path / "lib")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(library.parent), **{standin_nvml.STATE_ENV: str(tmp_path / "none")})
+    code = "import pynvml\ntry:\n    pynvml.nvmlInit()\nexcept pynvml.NVMLError as e:\n    print(e.value)"
+    answer = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert answer.stdout.strip() == "9"  # NVML_ERROR_DRIVER_NOT_LOADED
+
+
+def test_simulated_profile_gpus_as_the_stand_in_nvidia_smi_prints_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = read_hardware_profile(DEFAULT_PROFILE).model_dump()
+    state = standin_nvml.from_profile(profile["gpus"])
+    hardware = tmp_path / "hardware.json"
+    hardware.write_text(json.dumps(profile))
+    monkeypatch.setattr(standin_nvidia_smi, "HARDWARE_JSON", str(hardware))
+    fields = "uuid,serial,pci.bus_id,pcie.link.width.current,pcie.link.width.max,pcie.link.gen.max,power.limit"
+    assert standin_nvidia_smi.main([f"--query-gpu={fields}", "--format=csv,noheader"]) == 0
+    rows = [[value.strip() for value in line.split(",")] for line in capsys.readouterr().out.splitlines()]
+    assert rows == [
+        [gpu.uuid, gpu.serial, gpu.pci_bus_id, str(gpu.pcie_width), str(gpu.pcie_width_max), str(gpu.pcie_gen_max),
+         f"{gpu.power_limit_mw / 1000:.2f} W"]
+        for gpu in state.gpus
+    ]  # fmt: skip
+    assert [gpu.pcie_width for gpu in state.gpus] == [16, 16, 8, 8]  # slots 3-4 train at x8 on the R740

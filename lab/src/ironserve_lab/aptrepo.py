@@ -63,7 +63,7 @@ from typing import Any
 
 import yaml
 
-from ironserve_lab import charts, servers
+from ironserve_lab import charts, servers, standin_nvml
 from ironserve_lab.paths import lab_dir
 
 MODULE = "ironserve_lab.aptrepo"  # how servers are started, and recognised by their command line
@@ -79,7 +79,7 @@ ARCH_DIR = "x86_64"
 KEY_UID = "ironserve lab NVIDIA mirror <lab-mirror@ironserve.invalid>"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
-Files = dict[str, tuple[str, int]]  # absolute path -> (content, mode)
+Files = dict[str, tuple[str | bytes, int]]  # absolute path -> (content, mode)
 
 
 @dataclass(frozen=True)
@@ -135,11 +135,17 @@ def cuda_version_json(version: str, cudart: str) -> str:
     return json.dumps(components, indent=3, separators=(",", " : "), sort_keys=True) + "\n"
 
 
-def _library(name: str, version: str, soname: str) -> tuple[Files, dict[str, str]]:
-    """A stand-in shared library under its real file name, with the soname link ldconfig would make."""
+def _library(name: str, version: str, soname: str, build: str | None = None) -> tuple[Files, dict[str, str]]:
+    """A stand-in shared library under its real file name, with the soname link ldconfig would make: a placeholder,
+    or the lab's working stand-in that `build` names (LIBRARY_BUILDS)."""
     real = f"{LIBDIR}/{name}.{version}"
-    text = f"ironserve lab stand-in for {name} {version} (SONAME {soname})\n"
-    return {real: (text, 0o644)}, {f"{LIBDIR}/{soname}": f"{name}.{version}"}
+    content = LIBRARY_BUILDS[build]() if build else f"ironserve lab stand-in for {name} {version} (SONAME {soname})\n"
+    return {real: (content, 0o644)}, {f"{LIBDIR}/{soname}": f"{name}.{version}"}
+
+
+# Libraries the lab builds for real: NVML answers the inference service's GPU health reads (standin_nvml.py), and
+# without the state file a GPU host's edge writes it answers "Driver Not Loaded", as NVML does without the module.
+LIBRARY_BUILDS: dict[str, Callable[[], bytes]] = {"nvml": standin_nvml.library_bytes}
 
 
 @dataclass(frozen=True)
@@ -263,19 +269,20 @@ def _runfile_payload(version: str) -> bytes:
         "#!/bin/sh\nmkdir -p /run/nvidia-persistenced\nsetsid sleep infinity </dev/null >/dev/null 2>&1 &\n"
         "echo $! > /run/nvidia-persistenced/nvidia-persistenced.pid\n"
     )
-    members: dict[str, tuple[str, int]] = {
+    members: dict[str, tuple[str | bytes, int]] = {
         "usr/lib/ironserve-lab/nvidia_smi.py": (NVIDIA_SMI.read_text(), 0o644),
         "usr/bin/nvidia-smi": (smi, 0o755),
         "usr/bin/nvidia-persistenced": (persistenced, 0o755),
         f"usr/src/nvidia-{version}/dkms.conf": (_dkms_conf("nvidia", version, RUNFILE_DKMS_BUILT), 0o644),
     }
-    for lib in ("libcuda.so", "libnvidia-ml.so"):
-        members[f"{LIBDIR.lstrip('/')}/{lib}.{version}"] = (f"ironserve lab stand-in for {lib} {version}\n", 0o644)
+    libdir = LIBDIR.lstrip("/")
+    members[f"{libdir}/libcuda.so.{version}"] = (f"ironserve lab stand-in for libcuda.so {version}\n", 0o644)
+    members[f"{libdir}/libnvidia-ml.so.{version}"] = (standin_nvml.library_bytes(), 0o644)
     members[f"glx/{LIBDIR.lstrip('/')}/libGLX_nvidia.so.{version}"] = ("ironserve lab stand-in (OpenGL)\n", 0o644)
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, (text, mode) in sorted(members.items()):
-            data = text.encode()
+        for name, (content, mode) in sorted(members.items()):
+            data = content if isinstance(content, bytes) else content.encode()
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), mode, 1675209600
             tar.addfile(info, io.BytesIO(data))
@@ -571,7 +578,9 @@ def instantiate(structure: str, version: str, only: Iterable[str] | None = None)
         files, links = dict(payload.files), dict(payload.links)
         if "library" in entry:
             library = {key: _render(value, values) for key, value in entry["library"].items()}
-            lib_files, lib_links = _library(library["file"], library["version"], library["soname"])
+            lib_files, lib_links = _library(
+                library["file"], library["version"], library["soname"], library.get("build")
+            )
             files.update(lib_files)
             links.update(lib_links)
         own_version = _render(entry.get("version", "{version}"), values)
@@ -963,9 +972,10 @@ def build_deb(package: StandinPackage, out_dir: Path) -> Path:
         for path, (content, mode) in package.files.items():
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content)
+            data = content if isinstance(content, bytes) else content.encode()
+            target.write_bytes(data)
             target.chmod(mode)
-            size += len(content.encode())
+            size += len(data)
         for path, link_target in package.links.items():
             link = root / path.lstrip("/")
             link.parent.mkdir(parents=True, exist_ok=True)
@@ -1081,7 +1091,7 @@ def build_nvidia_directories(www: Path, distros: Iterable[str] = DISTROS) -> dic
 def _fingerprint() -> str:
     """What the built repository depends on: this builder, the package data, the stand-in programs it ships, the
     Helm mirror's builder and pins, the key."""
-    sources = (Path(__file__), REPOSITORY_DATA, NVIDIA_SMI, DKMS, KUBERNETES)
+    sources = (Path(__file__), REPOSITORY_DATA, NVIDIA_SMI, DKMS, KUBERNETES, standin_nvml.SOURCE)
     digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources) + charts.fingerprint())
     if key_path().exists():
         digest.update(key_path().read_bytes())

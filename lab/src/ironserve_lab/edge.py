@@ -24,7 +24,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from ironserve_lab import aptrepo, redfish_emulator, remote, standin_module, state, wheelhouse
+from ironserve_lab import aptrepo, redfish_emulator, remote, standin_module, standin_nvml, state, wheelhouse
 from ironserve_lab.hardware import read_hardware_profile
 from ironserve_lab.network import GATEWAY
 from ironserve_lab.paths import lab_dir
@@ -184,3 +184,41 @@ def _detach_pip_index(host: LabHost) -> None:
     if pid:
         wheelhouse.stop(int(pid))
     host.extra.pop("pip_index_url", None)
+
+
+# --- GPUs that answer through NVML: the stand-in libnvidia-ml.so.1 (standin_nvml.py) -----------------------------
+
+
+def plug_gpus(host: LabHost, gpus: standin_nvml.NvmlState | None = None) -> standin_nvml.NvmlState:
+    """Give `host` GPUs that NVML answers for, as loading the driver's kernel module does on an R740: their state
+    (default: the host's profile GPUs, healthy), then the stand-in library where NVIDIA's driver puts it, unless the
+    lab mirror's driver package installed it already. Returns the state written."""
+    state = gpus or standin_nvml.from_profile(read_hardware_profile(host.hardware_profile).model_dump()["gpus"])
+    set_gpus(host, state)
+    if not remote.run(host, f"test -e {standin_nvml.INSTALL_PATH} && echo installed; true").strip():
+        _put(host, str(standin_nvml.INSTALL_PATH), standin_nvml.library_bytes(), 0o644)
+    return state
+
+
+def set_gpus(host: LabHost, gpus: standin_nvml.NvmlState) -> None:
+    """Replace the GPUs' state on `host` in one rename: the library reads it again on every NVML call."""
+    _put(host, str(standin_nvml.DEFAULT_STATE_PATH), gpus.render().encode(), 0o644)
+
+
+def unplug_gpus(host: LabHost) -> None:
+    """The driver unloaded: NVML answers "Driver Not Loaded" again (the library, if plug_gpus put it, goes too)."""
+    remote.run(host, f"rm -f {standin_nvml.DEFAULT_STATE_PATH}; dpkg -S {standin_nvml.INSTALL_PATH} >/dev/null 2>&1 "
+                     f"|| rm -f {standin_nvml.INSTALL_PATH}")  # fmt: skip
+
+
+def _put(host: LabHost, path: str, data: bytes, mode: int) -> None:
+    """Write `data` to `path` on the host through a temporary file and a rename."""
+    temporary = f"{path}.ironserve-lab-new"
+    quoted, quoted_temporary = shlex.quote(path), shlex.quote(temporary)
+    command = (
+        f"mkdir -p {shlex.quote(str(Path(path).parent))} && cat > {quoted_temporary} && "
+        f"chmod {mode:o} {quoted_temporary} && mv -f {quoted_temporary} {quoted}"
+    )
+    result = subprocess.run([*remote.ssh_argv(host), command], input=data, capture_output=True, timeout=60)
+    if result.returncode != 0:
+        raise RuntimeError(f"{host.name}: writing {path} failed: {result.stderr.decode().strip()}")

@@ -3,8 +3,8 @@
 The library (files/nvml-standin/nvml.c) answers every NVML call the inference service makes through pynvml
 (ironserve_service.gpu_health, gpu_guard, exporter.read_gpus) from the state file this module writes, re-read on
 every call: a test or a lab scenario changes a GPU (an uncorrectable ECC count, a lost GPU, an XID event) by
-rewriting the file while the exporter runs. Standard library only, like standin_nvidia_smi, so a lab host's system
-python3 can use it.
+rewriting the file while the exporter runs. `from_profile` gives a lab host's profile GPUs the identities the lab's
+stand-in nvidia-smi prints for them; edge.plug_gpus puts the library and the state on a host.
 
 State file format, one item a line (the C file's header says the same):
     count N                     GPUs NVML reports
@@ -14,12 +14,17 @@ State file format, one item a line (the C file's header says the same):
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
+
+from ironserve_lab import standin_nvidia_smi
 
 SOURCE = Path(__file__).parent / "files" / "nvml-standin" / "nvml.c"
 LIBRARY_NAME = "libnvidia-ml.so.1"  # the name pynvml loads (CDLL("libnvidia-ml.so.1"))
@@ -114,6 +119,29 @@ def two_a10s() -> NvmlState:
     return NvmlState(gpus=(GpuState(), SECOND_A10))
 
 
+def from_profile(gpus: Sequence[Mapping[str, Any]]) -> NvmlState:
+    """The GPUs of a hardware profile (hardware_profiles/*.yaml `gpus`, as plain data) as NVML shows them, agreeing
+    with what the lab's stand-in nvidia-smi and lspci print for the same host: name, UUID, serial, bus id, memory,
+    power limit and PCIe link; the rest is the idle A10 capture's (GpuState's defaults)."""
+    return NvmlState(
+        gpus=tuple(
+            GpuState(
+                name=gpu["model"],
+                uuid=gpu["uuid"],
+                serial=standin_nvidia_smi.FIELDS["serial"][1](index, gpu),
+                pci_bus_id=standin_nvidia_smi.FIELDS["pci.bus_id"][1](index, gpu),
+                memory_total=gpu["memory_mib"] * 1024 * 1024,
+                power_limit_mw=gpu["board_power_w"] * 1000,
+                power_default_limit_mw=gpu["board_power_w"] * 1000,
+                pcie_gen_max=int(standin_nvidia_smi.FIELDS["pcie.link.gen.max"][1](index, gpu)),
+                pcie_width=gpu["link_status"]["width"],
+                pcie_width_max=gpu["link_capability"]["width"],
+            )
+            for index, gpu in enumerate(gpus)
+        )
+    )
+
+
 def parse(text: str) -> NvmlState:
     count = 0
     values: dict[int, dict[str, str]] = {}
@@ -163,6 +191,14 @@ def add_xid(index: int, code: int, path: Path | None = None) -> NvmlState:
     state = read_state(path).with_xid(index, code)
     write_state(state, path)
     return state
+
+
+@functools.cache
+def library_bytes() -> bytes:
+    """The built library, once per process: what the lab mirror's libnvidia-ml1 and the driver runfile ship, and
+    what edge.plug_gpus installs on a host without them."""
+    with tempfile.TemporaryDirectory() as directory:
+        return build(Path(directory)).read_bytes()
 
 
 def build(directory: Path, compiler: str = "gcc") -> Path:

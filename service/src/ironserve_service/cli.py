@@ -93,7 +93,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     xids = gpu_health.XidWatcher(settings.exporter.max_gpus)
-    xids.start()  # False on a host without NVML: the exporter runs without XID counts
+    xids.start()  # False on a host without NVML yet: each scrape that finds NVML tries again
     registry = exporter.build_registry(settings, xids=xids)
     metrics = quality.QualityMetrics(registry, settings.quality)
     embedder = quality.sentence_bert if settings.quality.semantic_scorer == "sentence-bert" else lambda: None

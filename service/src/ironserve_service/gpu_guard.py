@@ -354,6 +354,7 @@ class GpuGuard:
             # Blind: a driver that stopped answering is no evidence that the GPUs are well, nor that they are not.
             self.note("gpu-guard: NVML unavailable: the guard neither drains nor returns this host")
             return
+        self.xids.ensure_started()  # NVML answers now, perhaps for the first time since the guard started
         try:
             state = self.etcd.get_prefix(self.swap.key_prefix)
         except EtcdError as error:

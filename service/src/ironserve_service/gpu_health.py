@@ -462,6 +462,8 @@ class XidWatcher:
         self._state = XidState()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started = False  # NVML answered a start; until then each reading's ensure_started tries again
+        self._starting = threading.Lock()  # scrapes run on concurrent threads
         self._event_set: object | None = None
         self._indices: dict[int, int] = {}  # handle address -> GPU index
         self._uuids: dict[str, int] = {}  # UUID -> GPU index
@@ -476,6 +478,17 @@ class XidWatcher:
 
     def start(self) -> bool:
         """False when NVML is unusable; True once the GPUs that support XID events are registered."""
+        with self._starting:
+            self._started = self._started or self._start()
+            return self._started
+
+    def ensure_started(self) -> None:
+        """Starts the watch once NVML answers, for a driver that loaded after the service started (a driver installed
+        or reloaded under a running service); called with each reading that found NVML available."""
+        if not self._started and not self._stop.is_set():
+            self.start()
+
+    def _start(self) -> bool:
         nvml = self._nvml if self._nvml is not None else load_nvml()
         if nvml is None:
             return False
@@ -589,6 +602,8 @@ class GpuHealthCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snapshot = read_health(self.nvml, self.max_gpus)
+        if self.xids is not None and snapshot.available:
+            self.xids.ensure_started()
         with self._lock:  # scrapes may run concurrently (the HTTP server is threaded)
             self._identities = remember_identities(self._identities, snapshot)
             identities = dict(self._identities)
