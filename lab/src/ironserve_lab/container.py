@@ -233,11 +233,12 @@ def start(names: list[str], hardware_profile: str, current: LabState) -> list[La
     can undo a start that failed half-way.
     """
     lower = container_rootfs()
-    started = []
-    for name in names:
+    started: list[LabHost] = []
+    for proposed in names:
         with state.locked() as fresh:
-            if any(h.name == name for h in fresh.hosts):
-                raise RuntimeError(f"a lab host named {name} exists already")
+            # Another session (make test runs two beside each other) may have taken the name since `up` read the
+            # state: the next free one of the same prefix instead.
+            name = state.free_name(proposed, {h.name for h in fresh.hosts} | {h.name for h in started})
             network.ensure_shared(fresh)
             host = LabHost(
                 name=name,

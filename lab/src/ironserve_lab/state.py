@@ -8,6 +8,7 @@ the same truth.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -91,3 +92,11 @@ def locked() -> Iterator[LabState]:
         current = load()
         yield current
         save(current)
+
+
+def free_name(proposed: str, taken: set[str]) -> str:
+    """`proposed` (lab-c3), or the first name of its prefix (lab-c) that is not taken."""
+    if proposed not in taken:
+        return proposed
+    prefix = proposed.rstrip("0123456789")
+    return next(f"{prefix}{i}" for i in itertools.count(1) if f"{prefix}{i}" not in taken)

@@ -59,11 +59,11 @@ def start(names: list[str], hardware_profile: str, current: LabState) -> list[La
     commands and test sessions may run at once) and are copied back into `current`.
     """
     base = vmimage.base_image()
-    started = []
-    for name in names:
+    started: list[LabHost] = []
+    for proposed in names:
         with state.locked() as fresh:
-            if any(h.name == name for h in fresh.hosts):
-                raise RuntimeError(f"a lab host named {name} exists already")
+            # Another session may have taken the name since `up` read the state: the next free one instead.
+            name = state.free_name(proposed, {h.name for h in fresh.hosts} | {h.name for h in started})
             host = _launch(name, hardware_profile, base, _taken_ports(fresh))
             fresh.hosts.append(host)
         _sync(current, fresh)
