@@ -61,6 +61,16 @@ def test_gpu_memory_counts_what_stays_after_the_retiring_colour_stops(tmp_path: 
     assert skipped.ok and "require_gpu is false" in skipped.skipped
 
 
+def test_gpu_memory_fails_for_an_expected_gpu_nvml_could_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gib = 1 << 30
+    # read_gpus skips a GPU it cannot read (off the bus); the host's two expected GPUs (gpu_health.expected_gpus).
+    monkeypatch.setattr(release, "read_gpus", lambda max_gpus: [GpuReading(0, 2 * gib, 24 * gib, 0.0, {})])
+    result = release.gpu_memory(candidate(tmp_path, require_gpu=True))
+    assert not result.ok and result.observed == "gpu0 8.3%, gpu1 not read"
+
+
 @pytest.mark.invariant("release-check-02", "io-runtime-disk-free")
 def test_runtime_storage_free_share(tmp_path: Path) -> None:
     share = release.free_ratio(tmp_path)

@@ -8,6 +8,7 @@ on, the GPUs it drained the host for are read from etcd at scrape time too (gpu_
 
 from __future__ import annotations
 
+import logging
 import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from ironserve_service.serving import serving_engine
 from ironserve_service.settings import ExporterSettings, ServiceSettings
 
 # Today's vLLM names first, then the V0 names the exporter still understands.
+log = logging.getLogger(__name__)
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 RUNNING_NAMES = ("vllm:num_requests_running",)
 WAITING_NAMES = ("vllm:num_requests_waiting",)
@@ -52,7 +54,9 @@ class FrameworkReading:
 
 
 def read_gpus(max_gpus: int) -> list[GpuReading] | None:
-    """None when NVML is unusable (no driver, no GPU): the exporter reports that instead of crashing."""
+    """The GPUs NVML can read, up to max_gpus; a GPU that cannot be read (off the bus) is skipped and the others still
+    read (obs-hardware-exporter: "skipping missing devices"; gpu_health's gpu_lost names it). None when NVML itself
+    is unusable (no driver, no GPU): the exporter reports that instead of crashing."""
     try:
         import pynvml
 
@@ -63,10 +67,14 @@ def read_gpus(max_gpus: int) -> list[GpuReading] | None:
     try:
         count = min(pynvml.nvmlDeviceGetCount(), max_gpus)
         for index in range(count):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            utilization = pynvml.nvmlDeviceGetUtilizationRates(handle)
-            processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                utilization = pynvml.nvmlDeviceGetUtilizationRates(handle)
+                processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except pynvml.NVMLError as error:
+                log.warning("gpu%d: not read: %s", index, error)
+                continue
             readings.append(
                 GpuReading(
                     index=index,
@@ -76,7 +84,7 @@ def read_gpus(max_gpus: int) -> list[GpuReading] | None:
                     process_bytes={int(p.pid): int(p.usedGpuMemory or 0) for p in processes},
                 )
             )
-    except Exception:  # a GPU falling off the bus must not take the exporter down
+    except Exception:  # NVML failing as a whole mid-read must not take the exporter down
         return None
     finally:
         pynvml.nvmlShutdown()

@@ -72,8 +72,12 @@ def gpu_memory(candidate: Candidate) -> CheckResult:
     if not readings:
         return _result(1, "gpu-memory", False, "NVML unusable or no GPU found", expected)
     shares = gpu_shares(readings, candidate.retiring_pids)
-    observed = ", ".join(f"{device} {share:.1%}" for device, share in shares.items())
-    return _result(1, "gpu-memory", all(share < limit for share in shares.values()), observed, expected)
+    # A GPU the host should have that NVML could not read (off the bus, or fewer enumerated) is no GPU to release on.
+    read = {gpu.index for gpu in readings}
+    unread = [f"gpu{i} not read" for i in range(candidate.settings.gpu_health.expected_gpus) if i not in read]
+    observed = ", ".join([*(f"{device} {share:.1%}" for device, share in shares.items()), *unread])
+    ok = not unread and all(share < limit for share in shares.values())
+    return _result(1, "gpu-memory", ok, observed, expected)
 
 
 def gpu_shares(readings: Iterable[GpuReading], retiring_pids: frozenset[int]) -> dict[str, float]:
