@@ -1,11 +1,13 @@
 """roles/inference on real lab container hosts: the whole service deployed, served through Envoy, gated,
 re-run without changes, drift put back, a version change deployed as a hot swap under load, and rollouts: a model
-rollout behind a balancer, a drain that cannot finish, and a rollout through four serving hosts under load.
+rollout behind a balancer, a drain that cannot finish, and a rollout through four serving hosts under load. Then
+roles/monitoring over the four hosts: alerts that reach a webhook receiver, and a sick GPU's host drained.
 
 Simulated at the edge: the host has no GPU, so the engine is vLLM's CPU build (files/inference/
 requirements-cpu.lock, served by the lab's pip index) and the model a tiny Qwen2-architecture one with
-random weights (lab/src/ironserve_lab/inference.py). Everything else is the real thing: Debian's etcd and
-Prometheus, Envoy, systemd units as ai-runner in the service slice under the seccomp filter.
+random weights (lab/src/ironserve_lab/inference.py); in the GPU test, the GPUs NVML reports are the lab's stand-in
+libnvidia-ml.so.1 (lab/src/ironserve_lab/standin_nvml.py). Everything else is the real thing: Debian's etcd,
+Prometheus and Alertmanager, Envoy, systemd units as ai-runner in the service slice under the seccomp filter.
 """
 
 from __future__ import annotations
