@@ -70,7 +70,7 @@ def lab_containers(count: int) -> Iterator[list[LabHost]]:
     """`count` hosts from `manager.up`, stopped with `manager.down` afterwards, and only those.
 
     The machine may run other lab hosts meanwhile (someone's `lab up`, other test sessions).
-    After a failed start, the lab-c hosts recorded since are stopped: manager.up names them so.
+    After a failed start, the lab-c hosts this session recorded since are stopped (state.started_here).
     """
     skip_without_container_lab()
     names_before = {h.name for h in state.load().hosts}
@@ -79,10 +79,7 @@ def lab_containers(count: int) -> Iterator[list[LabHost]]:
         hosts = manager.up(count, use_vm=False, hardware_profile=DEFAULT_PROFILE)
         yield hosts
     finally:
-        if hosts:
-            mine = {h.name for h in hosts}
-        else:
-            mine = {h.name for h in state.load().hosts if h.name.startswith("lab-c")} - names_before
+        mine = {h.name for h in hosts} or state.started_here("lab-c") - names_before
         manager.down(mine)
 
 

@@ -41,8 +41,6 @@ def vm_host() -> Iterator[LabHost]:
         hosts = manager.up(1, use_vm=True, hardware_profile=DEFAULT_PROFILE)
         yield hosts[0]
     finally:
-        # After a failed start, the lab-vm hosts recorded since are ours (manager.up names them so).
-        mine = {h.name for h in hosts} or {
-            h.name for h in state.load().hosts if h.name.startswith("lab-vm")
-        } - names_before
+        # After a failed start, the lab-vm hosts this session recorded since.
+        mine = {h.name for h in hosts} or state.started_here("lab-vm") - names_before
         manager.down(mine)

@@ -157,10 +157,8 @@ def node() -> Iterator[LabNode]:
         steps.done("stand-in device plugin started")
         yield LabNode(host, plane, before, hosts_before)
     finally:
-        # After a failed start, the lab-vm hosts recorded since are ours (manager.up names them so).
-        mine = {h.name for h in hosts} or {
-            h.name for h in state.load().hosts if h.name.startswith("lab-vm")
-        } - hosts_before
+        # After a failed start, the lab-vm hosts this session recorded since.
+        mine = {h.name for h in hosts} or state.started_here("lab-vm") - hosts_before
         manager.down(mine)  # nothing left to stop after test_lab_down_leaves_the_machine_unchanged
 
 

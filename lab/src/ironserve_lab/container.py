@@ -246,6 +246,7 @@ def start(names: list[str], hardware_profile: str, current: LabState) -> list[La
                 ssh_address=network.free_address(fresh),
                 hardware_profile=hardware_profile,
                 workdir=str(lab_dir() / name),
+                started_by=os.getpid(),
             )
             fresh.hosts.append(host)
         _sync(current, fresh)

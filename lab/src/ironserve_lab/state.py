@@ -36,6 +36,9 @@ class LabHost(BaseModel):
     pids: list[int] = Field(default_factory=list)
     workdir: str = ""
     extra: dict[str, str] = Field(default_factory=dict)
+    # The pid of the process that started it (`ironserve lab up`, a test session): after a failed start, a session
+    # stops the hosts it recorded, never another session's. 0: not known (recorded before this field).
+    started_by: int = 0
 
 
 class LabState(BaseModel):
@@ -100,3 +103,8 @@ def free_name(proposed: str, taken: set[str]) -> str:
         return proposed
     prefix = proposed.rstrip("0123456789")
     return next(f"{prefix}{i}" for i in itertools.count(1) if f"{prefix}{i}" not in taken)
+
+
+def started_here(prefix: str) -> set[str]:
+    """The recorded hosts of `prefix` (lab-c, lab-vm) this process started, whether or not their start completed."""
+    return {h.name for h in load().hosts if h.name.startswith(prefix) and h.started_by == os.getpid()}

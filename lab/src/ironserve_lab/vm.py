@@ -193,6 +193,7 @@ def _launch(name: str, hardware_profile: str, base: Path, taken_ports: set[int])
         pids=[pid],
         workdir=str(workdir),
         extra={"console_log": str(workdir / "console.log")},
+        started_by=os.getpid(),
     )
 
 
