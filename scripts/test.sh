@@ -25,7 +25,7 @@ vm_pid=$!
   unit=$?
   (cd service && python -m pytest -q --durations=15)
   service=$?
-  echo "== lane 2: the lighter container modules ($(($(date +%s) - started)) s into make test)"
+  stamp "lane 2: the lighter container modules"
   python -m pytest -q --durations=15 -m "not vm" tests/lab "${heavy[@]/#/--ignore=}"
   exit $((unit | service | $?))
 ) >"$logs/lane2" 2>&1

@@ -278,7 +278,7 @@ def _runfile_payload(version: str) -> bytes:
     libdir = LIBDIR.lstrip("/")
     members[f"{libdir}/libcuda.so.{version}"] = (f"ironserve lab stand-in for libcuda.so {version}\n", 0o644)
     members[f"{libdir}/libnvidia-ml.so.{version}"] = (standin_nvml.library_bytes(), 0o644)
-    members[f"glx/{LIBDIR.lstrip('/')}/libGLX_nvidia.so.{version}"] = ("ironserve lab stand-in (OpenGL)\n", 0o644)
+    members[f"glx/{libdir}/libGLX_nvidia.so.{version}"] = ("ironserve lab stand-in (OpenGL)\n", 0o644)
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, (content, mode) in sorted(members.items()):

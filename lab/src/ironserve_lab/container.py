@@ -238,7 +238,7 @@ def start(names: list[str], hardware_profile: str, current: LabState) -> list[La
         with state.locked() as fresh:
             # Another session (make test runs two beside each other) may have taken the name since `up` read the
             # state: the next free one of the same prefix instead.
-            name = state.free_name(proposed, {h.name for h in fresh.hosts} | {h.name for h in started})
+            name = state.free_name(proposed, {h.name for h in fresh.hosts})
             network.ensure_shared(fresh)
             host = LabHost(
                 name=name,

@@ -63,7 +63,7 @@ def start(names: list[str], hardware_profile: str, current: LabState) -> list[La
     for proposed in names:
         with state.locked() as fresh:
             # Another session may have taken the name since `up` read the state: the next free one instead.
-            name = state.free_name(proposed, {h.name for h in fresh.hosts} | {h.name for h in started})
+            name = state.free_name(proposed, {h.name for h in fresh.hosts})
             host = _launch(name, hardware_profile, base, _taken_ports(fresh))
             fresh.hosts.append(host)
         _sync(current, fresh)

@@ -24,8 +24,9 @@ from ironserve_service.gpu_health import GpuHealthCollector, XidWatcher
 from ironserve_service.serving import serving_engine
 from ironserve_service.settings import ExporterSettings, ServiceSettings
 
-# Today's vLLM names first, then the V0 names the exporter still understands.
 log = logging.getLogger(__name__)
+
+# Today's vLLM names first, then the V0 names the exporter still understands.
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 RUNNING_NAMES = ("vllm:num_requests_running",)
 WAITING_NAMES = ("vllm:num_requests_waiting",)
